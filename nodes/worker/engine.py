@@ -1,0 +1,388 @@
+"""The worker's LLM engine: continuous batching over a paged KV cache.
+
+A step is: plan (a `scheduler/` policy picks chunks under a token budget and the free
+KV blocks), apply the plan to the block manager, run the model once over the flat batch,
+then sample and retire finished sequences.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from shoal.nodes.worker.block_manager import BlockManager
+from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
+from shoal.nodes.worker.model_runner import ModelRunner
+from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
+from shoal.nodes.worker.sampler import sample, uniform
+from shoal.nodes.worker.sequence import SeqStatus, Sequence
+from shoal.nodes.worker.tokenizer import TextTokenizer
+from shoal.protocol.sequence_state import SequenceState, StateError, kv_blob_metadata
+from shoal.sampling import RequestError, SamplingParams
+from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig, SeqView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    dtype: str = "float32"
+    block_size: int = 16
+    num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
+    kv_cache_bytes: int = 2 << 30
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 256
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+    num_threads: int | None = None
+
+
+@dataclass
+class RequestOutput:
+    seq_id: object
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    num_prompt_tokens: int
+    margins: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    time_plan: float = 0.0
+    time_model: float = 0.0
+    time_sample: float = 0.0
+
+
+class LLMEngine:
+    def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig(), planner=None):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.model, self.fingerprint = load_decoder(model_dir, config.dtype)
+        self.model_cfg = self.model.cfg
+        self.tokenizer = TextTokenizer(model_dir)
+        dtype = parse_dtype(config.dtype)
+        num_blocks = config.num_blocks or max(
+            1, config.kv_cache_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size))
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype)
+        self.runner = ModelRunner(self.model, self.cache)
+        self.planner = planner or MixedBatchPlanner(PlannerConfig(
+            block_size=config.block_size,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs,
+            chunked_prefill=config.chunked_prefill,
+        ))
+        self.seqs: dict[object, Sequence] = {}
+        self.running: list[Sequence] = []  # admission order
+        self.waiting: list[Sequence] = []  # arrival order
+        self._arrivals = 0
+        self.stats = EngineStats()
+        # Tests and benchmarks may watch every sampling step's logits: fn(seq_ids, logits).
+        self.on_logits = None
+
+    # -- requests --------------------------------------------------------------------
+
+    def add_request(self, seq_id, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                    params: SamplingParams = SamplingParams(), op_index: int = 0) -> None:
+        """Queues a sequence. Raises RequestError, naming the sequence, for bad input;
+        the engine's other sequences are unaffected."""
+        if seq_id in self.seqs:
+            raise RequestError(f"sequence {seq_id!r}: already in the engine")
+        try:
+            params.validate()
+        except RequestError as e:
+            raise RequestError(f"sequence {seq_id!r}: {e}") from None
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise RequestError(f"sequence {seq_id!r}: give a prompt or prompt_token_ids")
+            prompt_token_ids = self.tokenizer.encode(prompt)
+        ids = list(prompt_token_ids)
+        self._check_prompt(seq_id, ids)
+        seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.model_cfg.max_position_embeddings)
+        self._enqueue(seq)
+
+    def _check_prompt(self, seq_id, ids: list[int]) -> None:
+        cfg = self.model_cfg
+        if not ids:
+            raise RequestError(f"sequence {seq_id!r}: empty prompt")
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < cfg.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"sequence {seq_id!r}: token id {bad!r} outside the vocabulary [0, {cfg.vocab_size})")
+        if len(ids) >= cfg.max_position_embeddings:
+            raise RequestError(f"sequence {seq_id!r}: prompt of {len(ids)} tokens does not fit the model's context of {cfg.max_position_embeddings}")
+        if self.blocks.blocks_for(len(ids) + 1) > self.blocks.num_blocks:
+            raise RequestError(f"sequence {seq_id!r}: prompt of {len(ids)} tokens needs more KV blocks than the cache has ({self.blocks.num_blocks})")
+
+    def _enqueue(self, seq: Sequence) -> None:
+        seq.arrival = self._arrivals
+        self._arrivals += 1
+        self.seqs[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, seq_id) -> None:
+        seq = self.seqs.pop(seq_id, None)
+        if seq is None:
+            return
+        self._drop(seq)
+
+    def _drop(self, seq: Sequence) -> None:
+        if seq.status == SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.blocks.release(seq.block_table)
+        elif seq.status == SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.block_table = []
+        seq.status = SeqStatus.FINISHED
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- the step --------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        plan, cached = self._plan()
+        chunks = self._apply(plan, cached)
+        t1 = time.perf_counter()
+        self.stats.time_plan += t1 - t0
+        if not chunks:
+            return []
+        sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
+        logits, logit_chunks = self.runner.run(chunks, sample_mask)
+        t2 = time.perf_counter()
+        self.stats.time_model += t2 - t1
+        for seq, n in chunks:
+            if seq.num_computed < seq.num_prompt_tokens:
+                self.stats.prompt_tokens_computed += min(n, seq.num_prompt_tokens - seq.num_computed)
+            self._advance(seq, n)
+        finished = self._sample([chunks[i][0] for i in logit_chunks], logits)
+        self.stats.time_sample += time.perf_counter() - t2
+        self.stats.steps += 1
+        return finished
+
+    def _plan(self):
+        bs = self.config.block_size
+        running = [SeqView(s.seq_id, s.num_tokens, s.num_computed, len(s.block_table)) for s in self.running]
+        room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
+        waiting, cached = [], {}
+        for s in self.waiting[: max(0, room)]:
+            blocks: list[int] = []
+            if self.config.prefix_caching:
+                s.update_block_hashes(bs)
+                blocks = self._match(s)
+            cached[s.seq_id] = blocks
+            waiting.append(SeqView(s.seq_id, s.num_tokens, len(blocks) * bs, len(blocks),
+                                   self.blocks.free_blocks_needed(blocks)))
+        return self.planner.plan(running, waiting, self.blocks.num_free), cached
+
+    def _match(self, s: Sequence) -> list[int]:
+        out = []
+        for i in range(min(len(s.block_hashes), (s.num_tokens - 1) // self.config.block_size)):
+            b = self.blocks.cached.get(s.block_hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def _apply(self, plan, cached) -> list[tuple[Sequence, int]]:
+        for sid in plan.preempted:
+            self._preempt(self.seqs[sid])
+        chunks = [(self.seqs[sid], n) for sid, n in plan.chunks]
+        # Cached prefix blocks are taken before anything is allocated, so no allocation
+        # in this step can recycle a block another admitted sequence is about to reuse.
+        for seq, _ in chunks:
+            if seq.status == SeqStatus.WAITING:
+                blocks = cached.get(seq.seq_id, [])
+                self.blocks.take_cached(blocks)
+                seq.block_table = list(blocks)
+                seq.num_computed = len(blocks) * self.config.block_size
+                self.stats.prompt_tokens_cached += min(seq.num_computed, seq.num_prompt_tokens)
+                self.waiting.remove(seq)
+                self.running.append(seq)
+                seq.status = SeqStatus.RUNNING
+        out = []
+        for seq, n in chunks:
+            need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
+            if need > self.blocks.num_free:  # planner's estimate missed shared blocks
+                self._preempt(seq)
+                continue
+            if need > 0:
+                seq.block_table.extend(self.blocks.allocate(need))
+            out.append((seq, n))
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Frees the sequence's blocks; it re-prefills later (its full blocks usually
+        still sit in the prefix cache, so little is recomputed)."""
+        self.running.remove(seq)
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
+        self.stats.preemptions += 1
+        log.debug("[preempt] %s at %d tokens", seq.seq_id, seq.num_tokens)
+
+    def _advance(self, seq: Sequence, n: int) -> None:
+        bs = self.config.block_size
+        before = seq.num_computed // bs
+        seq.num_computed += n
+        if self.config.prefix_caching:
+            after = seq.num_computed // bs
+            if after > before:
+                seq.update_block_hashes(bs)
+                for j in range(before, after):
+                    self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
+        if not seqs:
+            return []
+        if self.on_logits is not None:
+            self.on_logits([s.seq_id for s in seqs], logits)
+        params = [s.params for s in seqs]
+        us = [uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids)) for s in seqs]
+        tokens, margins = sample(logits, params, us)
+        finished = []
+        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            seq.output_token_ids.append(tok)
+            if margins is not None and seq.params.return_margins:
+                seq.margins.append(float(margins[i]))
+            self.stats.generated_tokens += 1
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                finished.append(self._finish(seq, reason))
+        return finished
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.params
+        if (not p.ignore_eos and tok in self.model_cfg.eos_token_ids) or tok in p.stop_token_ids:
+            return "stop"
+        if p.stop and self._hits_stop_string(seq):
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+            return "length"
+        return None
+
+    def _hits_stop_string(self, seq: Sequence) -> bool:
+        text = self.tokenizer.decode(seq.output_token_ids)
+        return any(s in text for s in seq.params.stop)
+
+    def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
+        self._drop(seq)
+        del self.seqs[seq.seq_id]
+        seq.finish_reason = reason
+        text = self.tokenizer.decode(seq.output_token_ids)
+        if reason == "stop" and seq.params.stop:
+            cut = min((text.find(s) for s in seq.params.stop if s in text), default=-1)
+            if cut >= 0:
+                text = text[:cut]
+        return RequestOutput(seq.seq_id, list(seq.output_token_ids), text, reason,
+                             seq.num_prompt_tokens, list(seq.margins))
+
+    # -- whole batches -----------------------------------------------------------------
+
+    def generate(self, prompts: list, params: SamplingParams | list[SamplingParams] = SamplingParams(),
+                 seq_ids: list | None = None) -> list[RequestOutput]:
+        """Runs prompts (text or token-id lists) to completion; outputs in input order."""
+        seq_ids = seq_ids if seq_ids is not None else list(range(len(prompts)))
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        for sid, prompt, p in zip(seq_ids, prompts, plist):
+            if isinstance(prompt, str):
+                self.add_request(sid, prompt=prompt, params=p)
+            else:
+                self.add_request(sid, prompt_token_ids=prompt, params=p)
+        done: dict = {}
+        while self.has_unfinished():
+            for out in self.step():
+                done[out.seq_id] = out
+        return [done[sid] for sid in seq_ids]
+
+    # -- sequence state ----------------------------------------------------------------
+
+    def export_sequence(self, seq_id, remove: bool = False) -> SequenceState:
+        """The sequence as data, with its computed KV in the canonical layout."""
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            raise RequestError(f"sequence {seq_id!r}: not in this engine")
+        kv = None
+        if seq.status == SeqStatus.RUNNING and seq.num_computed:
+            tensors = self.cache.read(seq.block_table, seq.num_computed)
+            kv = st_save({f"layer.{i}": t.contiguous() for i, t in enumerate(tensors)},
+                         metadata={"model_fingerprint": self.fingerprint, "num_tokens": str(seq.num_computed)})
+        state = SequenceState(
+            seq_id=seq.seq_id, prompt_token_ids=list(seq.prompt_token_ids),
+            output_token_ids=list(seq.output_token_ids), params=seq.params.to_dict(),
+            op_index=seq.op_index, num_computed=seq.num_computed if kv else 0,
+            model_fingerprint=self.fingerprint, margins=list(seq.margins), kv=kv)
+        if remove:
+            self.abort(seq_id)
+        return state
+
+    def import_sequence(self, state: SequenceState) -> None:
+        """Continues an exported sequence here. State from another model is refused; if
+        the cache has no room for its KV, it re-prefills instead."""
+        sid = state.seq_id
+        if state.model_fingerprint != self.fingerprint:
+            raise StateError(f"sequence {sid!r}: state is from model {state.model_fingerprint}, this engine runs {self.fingerprint}")
+        if sid in self.seqs:
+            raise RequestError(f"sequence {sid!r}: already in the engine")
+        params = SamplingParams.from_dict(state.params)
+        seq = Sequence(sid, list(state.prompt_token_ids), params, op_index=state.op_index,
+                       output_token_ids=list(state.output_token_ids), margins=list(state.margins),
+                       max_total_tokens=self.model_cfg.max_position_embeddings)
+        self._check_prompt(sid, seq.prompt_token_ids)
+        kv = self._decode_kv(state) if state.kv is not None and state.num_computed else None
+        self._enqueue(seq)
+        if kv is None:
+            return
+        need = self.blocks.blocks_for(state.num_computed)
+        if need > self.blocks.num_free:
+            log.info("[import] %s: no room for %d KV blocks, will re-prefill", sid, need)
+            return
+        seq.block_table = self.blocks.allocate(need)
+        self.cache.write(seq.block_table, kv)
+        seq.num_computed = state.num_computed
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        if self.config.prefix_caching:
+            self._advance(seq, 0)
+            seq.update_block_hashes(self.config.block_size)
+            for j in range(seq.num_computed // self.config.block_size):
+                self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
+
+    def _decode_kv(self, state: SequenceState) -> torch.Tensor:
+        sid = state.seq_id
+        meta = kv_blob_metadata(state.kv)
+        if meta.get("model_fingerprint") != self.fingerprint:
+            raise StateError(f"sequence {sid!r}: KV blob is from model {meta.get('model_fingerprint')}, this engine runs {self.fingerprint}")
+        tensors = st_load(state.kv)
+        cfg = self.model_cfg
+        want = (2, state.num_computed, cfg.num_kv_heads, cfg.head_dim)
+        layers = []
+        for i in range(cfg.num_layers):
+            t = tensors.get(f"layer.{i}")
+            if t is None or tuple(t.shape) != want:
+                raise StateError(f"sequence {sid!r}: KV blob layer {i} is {None if t is None else tuple(t.shape)}, expected {want}")
+            layers.append(t)
+        if state.num_computed > state_len(state):
+            raise StateError(f"sequence {sid!r}: KV covers {state.num_computed} tokens, the sequence has {state_len(state)}")
+        return torch.stack(layers)
+
+
+def state_len(state: SequenceState) -> int:
+    return len(state.prompt_token_ids) + len(state.output_token_ids)

@@ -1,0 +1,36 @@
+"""The KV cache tensors: one `[2, num_blocks * block_size, kv_heads, head_dim]` per layer."""
+
+from __future__ import annotations
+
+import torch
+
+from shoal.nodes.worker.models.config import DecoderConfig
+
+
+def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
+    return 2 * cfg.num_layers * cfg.kv_size * torch.finfo(dtype).bits // 8
+
+
+class KVCache:
+    def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype):
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        slots = num_blocks * block_size
+        self.layers = [torch.zeros(2, slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype) for _ in range(cfg.num_layers)]
+
+    def slots_of(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        """Cache slots of token positions [start, end) of a sequence."""
+        bs = self.block_size
+        table = torch.tensor(block_table, dtype=torch.long)
+        pos = torch.arange(start, end)
+        return table[pos // bs] * bs + pos % bs
+
+    def read(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        """A sequence's K/V in the canonical unpaged layout: [layers, 2, tokens, kvh, d]."""
+        slots = self.slots_of(block_table, 0, num_tokens)
+        return torch.stack([layer[:, slots] for layer in self.layers])
+
+    def write(self, block_table: list[int], kv: torch.Tensor) -> None:
+        slots = self.slots_of(block_table, 0, kv.shape[2])
+        for layer, src in zip(self.layers, kv):
+            layer[:, slots] = src.to(layer.dtype)

@@ -1,0 +1,125 @@
+"""Decoder model configuration read from a Hugging Face `config.json`.
+
+Only the fields Shoal's decoder uses are kept; everything else in the file is ignored.
+Every problem a user can hit with a model folder (no config, unknown architecture,
+unsupported RoPE scaling) raises `ModelError` with a message that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """A model folder that Shoal cannot load; the message says why."""
+
+
+# Architecture name in config.json -> model family. The three share one decoder:
+# RMSNorm, RoPE, grouped-query attention, SwiGLU; Qwen2 adds q/k/v biases and Qwen3
+# per-head q/k RMSNorm.
+SUPPORTED_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen2ForCausalLM": "qwen2",
+    "LlamaForCausalLM": "llama",
+}
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def shape_dict(self) -> dict:
+        """The fields that fix tensor shapes: part of the model fingerprint."""
+        return {
+            "architecture": self.architecture,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+        }
+
+
+def load_decoder_config(model_dir: str | Path) -> DecoderConfig:
+    path = Path(model_dir) / "config.json"
+    if not Path(model_dir).is_dir():
+        raise ModelError(f"model folder {model_dir} does not exist")
+    if not path.is_file():
+        raise ModelError(f"model folder {model_dir} has no config.json")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{path} is not valid JSON: {e}") from None
+    return decoder_config_from_dict(raw, source=str(path))
+
+
+def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig:
+    archs = raw.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ModelError(
+            f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
+            f"Shoal's decoder runs {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    family = SUPPORTED_ARCHITECTURES[arch]
+
+    def need(key: str):
+        if key not in raw:
+            raise ModelError(f"{source}: missing field {key!r}")
+        return raw[key]
+
+    rope_scaling = raw.get("rope_scaling")
+    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
+        raise ModelError(f"{source}: unsupported rope_scaling {rope_scaling!r}")
+    hidden = int(need("hidden_size"))
+    heads = int(need("num_attention_heads"))
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    default_bias = family == "qwen2"
+    return DecoderConfig(
+        architecture=arch,
+        family=family,
+        vocab_size=int(need("vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(need("intermediate_size")),
+        num_layers=int(need("num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=bool(raw.get("attention_bias", default_bias)),
+        qk_norm=family == "qwen3",
+        eos_token_ids=eos_ids,
+        torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+    )

@@ -1,0 +1,20 @@
+"""Named shapes of random-weight test models (`shoal make-model --preset NAME`)."""
+
+from __future__ import annotations
+
+PRESETS: dict[str, dict] = {
+    # Unit and integration tests: a forward pass costs well under a millisecond.
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
+    ),
+    # BENCHMARKS.md W1: ~100M parameters.
+    "small": dict(
+        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=4, head_dim=64, vocab_size=32000, max_position_embeddings=4096,
+    ),
+}
+
+# Tokenizer training text per preset, in characters of stdlib docstrings: enough to
+# learn the vocabulary, little enough to build in seconds.
+TOKENIZER_TEXT_CHARS = {"tiny": 150_000, "small": 1_500_000}

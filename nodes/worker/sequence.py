@@ -1,0 +1,67 @@
+"""Everything one sequence is, as plain data: tokens, sampling position, KV blocks.
+
+Nothing here lives only in a generator frame or a CUDA graph, so a sequence can be
+exported mid-generation and continued elsewhere (DESIGN.md, "Sequence coroutines").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shoal.nodes.worker.block_manager import block_hash
+from shoal.nodes.worker.sampler import sequence_key
+from shoal.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # holds no KV blocks; (re)prefills when admitted
+    RUNNING = "running"  # holds KV blocks for its computed tokens
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: object
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    op_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0  # tokens whose K/V are in this sequence's blocks
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # of every full block of tokens
+    arrival: int = 0
+    finish_reason: str | None = None
+    margins: list[float] = field(default_factory=list)
+    max_total_tokens: int = 0  # the model's context: generation stops there
+    text_offset: int = 0  # how far stop-string search has looked
+
+    def __post_init__(self):
+        self.key = sequence_key(self.seq_id)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = self.prompt_token_ids
+        if end <= len(p):
+            return p[start:end]
+        return (p + self.output_token_ids)[start:end]
+
+    def update_block_hashes(self, block_size: int) -> None:
+        """Extend the chained hashes to every full block of the known tokens."""
+        full = self.num_tokens // block_size
+        while len(self.block_hashes) < full:
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            self.block_hashes.append(block_hash(parent, self.tokens(i * block_size, (i + 1) * block_size)))

@@ -1,0 +1,50 @@
+""""The same output", as every Shoal test and benchmark judges it (DESIGN.md).
+
+Two runs of a sequence produce the same output when their tokens are identical up to
+the first step whose top-two logits lie within `tol` of each other (a near-tie); from
+that step on, rounding alone may pick the other token, so the runs may part there and
+only there. Margins are the top-1 minus top-2 logit per generated token, recorded with
+`SamplingParams(return_margins=True)`; pass those of either run or both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Tolerances on the top-two logit gap. fp32 logits of the same tokens computed with
+# different batch shapes differ by ~1e-5 here; bf16 ones by up to a few 1e-2.
+FP32_TOL = 1e-3
+BF16_TOL = 0.25
+
+
+@dataclass(frozen=True)
+class Comparison:
+    same: bool
+    diverged_at: int | None  # first differing position, None if identical
+    near_tie_at: int | None  # first near-tie at or before the divergence
+    detail: str
+
+    def __bool__(self) -> bool:
+        return self.same
+
+
+def compare_outputs(a: Sequence[int], b: Sequence[int], margins: Sequence[Sequence[float]] = (),
+                    tol: float = FP32_TOL) -> Comparison:
+    a, b = list(a), list(b)
+    n = min(len(a), len(b))
+    diverged = next((i for i in range(n) if a[i] != b[i]), None)
+    if diverged is None and len(a) != len(b):
+        diverged = n  # one stopped where the other went on
+    if diverged is None:
+        return Comparison(True, None, None, "identical")
+    lowest = []
+    for i in range(diverged + 1):
+        vals = [m[i] for m in margins if i < len(m)]
+        lowest.append(min(vals) if vals else float("inf"))
+    tie = next((i for i, m in enumerate(lowest) if m < tol), None)
+    if tie is not None:
+        return Comparison(True, diverged, tie, f"parted at {diverged} after a near-tie at {tie} (gap {lowest[tie]:.2e} < {tol})")
+    gap = lowest[diverged] if lowest else float("nan")
+    return Comparison(False, diverged, None,
+                      f"differ at token {diverged} ({a[diverged:diverged + 3]} vs {b[diverged:diverged + 3]}) with no near-tie before it (gap there {gap:.2e}, tol {tol})")

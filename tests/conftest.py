@@ -1,0 +1,34 @@
+"""Shared fixtures: random-weight model folders, made once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _make(tmp_path_factory, name, **kw):
+    from shoal.nodes.worker.models.make_model import make_model
+
+    return make_model(tmp_path_factory.mktemp(name), **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return _make(tmp_path_factory, "tiny", preset="tiny", dtype="float32", tokenizer_text_chars=40_000)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_other_seed(tmp_path_factory):
+    return _make(tmp_path_factory, "tiny_seed1", preset="tiny", dtype="float32", seed=1, tokenizer_text_chars=40_000)
+
+
+@pytest.fixture(scope="session", params=["Qwen2ForCausalLM", "LlamaForCausalLM"])
+def tiny_model_family(request, tmp_path_factory):
+    return _make(tmp_path_factory, request.param, preset="tiny", architecture=request.param,
+                 dtype="float32", tokenizer_text_chars=40_000)
+
+
+@pytest.fixture(scope="session")
+def small_shaped_model(tmp_path_factory):
+    """The W1 model's widths (hidden 768, 12/4 heads, vocab 32000) with 2 layers."""
+    return _make(tmp_path_factory, "small2l", preset="small", dtype="float32",
+                 overrides={"num_hidden_layers": 2}, tokenizer_text_chars=40_000)
