@@ -1,0 +1,102 @@
+"""A sequence exported mid-generation and imported into another engine continues as if
+it had never moved; state from another model is refused."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+from shoal.output_compare import compare_outputs
+from shoal.protocol.sequence_state import SequenceState, StateError
+from shoal.sampling import SamplingParams
+
+
+def prompts(n, seed=0):
+    r = random.Random(seed)
+    return [[r.randrange(511) for _ in range(r.randint(5, 120))] for _ in range(n)]
+
+
+def run_until(engine, steps):
+    for _ in range(steps):
+        engine.step()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=40, ignore_eos=True, return_margins=True),
+    SamplingParams(max_tokens=40, ignore_eos=True, return_margins=True, temperature=0.9, top_p=0.95, seed=3),
+])
+def test_export_import_continues_identically(tiny_model, params):
+    ps = prompts(8)
+    reference = LLMEngine(tiny_model, EngineConfig()).generate(ps, params)
+
+    src = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64))
+    for i, p in enumerate(ps):
+        src.add_request(i, prompt_token_ids=p, params=params)
+    run_until(src, 12)  # some sequences mid-decode, some mid-prefill
+    moved = [3, 6]
+    states = [src.export_sequence(i, remove=True) for i in moved]
+    assert any(s.kv is not None and len(s.output_token_ids) > 0 for s in states)
+    # Through plain data and bytes, as the wire will carry it.
+    states = [SequenceState.from_header(s.header(), bytes(s.kv) if s.kv else None) for s in states]
+
+    dst = LLMEngine(tiny_model, EngineConfig())
+    for s in states:
+        dst.import_sequence(s)
+    results = {}
+    for eng in (src, dst):
+        while eng.has_unfinished():
+            results.update({o.seq_id: o for o in eng.step()})
+    assert sorted(results) == list(range(8))
+    for i in range(8):
+        cmp = compare_outputs(results[i].token_ids, reference[i].token_ids, [reference[i].margins])
+        assert cmp, f"sequence {i}: {cmp.detail}"
+    # The imported KV was used, not recomputed: dst prefilled nothing of the moved prompts.
+    assert dst.stats.prompt_tokens_computed == 0
+
+
+def test_state_from_another_model_is_refused(tiny_model, tiny_model_other_seed):
+    src = LLMEngine(tiny_model, EngineConfig())
+    src.add_request("x", prompt_token_ids=[1, 2, 3, 4], params=SamplingParams(max_tokens=10))
+    run_until(src, 3)
+    state = src.export_sequence("x")
+    other = LLMEngine(tiny_model_other_seed, EngineConfig())
+    assert other.fingerprint != src.fingerprint
+    with pytest.raises(StateError, match="'x'.*from model"):
+        other.import_sequence(state)
+    # A forged header does not get a foreign KV blob in either.
+    state.model_fingerprint = other.fingerprint
+    with pytest.raises(StateError, match="KV blob is from model"):
+        other.import_sequence(state)
+    assert not other.has_unfinished()
+
+
+def test_truncated_kv_blob_is_refused(tiny_model):
+    src = LLMEngine(tiny_model, EngineConfig())
+    src.add_request("y", prompt_token_ids=list(range(1, 40)), params=SamplingParams(max_tokens=10))
+    run_until(src, 3)
+    state = src.export_sequence("y")
+    state.kv = state.kv[: len(state.kv) // 2]
+    dst = LLMEngine(tiny_model, EngineConfig())
+    with pytest.raises(StateError, match="truncated"):
+        dst.import_sequence(state)
+
+
+def test_import_without_room_reprefills(tiny_model):
+    params = SamplingParams(max_tokens=20, ignore_eos=True, return_margins=True)
+    p = list(range(1, 60))
+    ref = LLMEngine(tiny_model, EngineConfig()).generate([p], params, seq_ids=["z"])[0]
+    src = LLMEngine(tiny_model, EngineConfig())
+    src.add_request("z", prompt_token_ids=p, params=params)
+    run_until(src, 6)
+    state = src.export_sequence("z")
+    dst = LLMEngine(tiny_model, EngineConfig(num_blocks=5, block_size=16))
+    dst.add_request("hog", prompt_token_ids=list(range(1, 60)), params=SamplingParams(max_tokens=4, ignore_eos=True))
+    dst.step()  # "hog" now holds 4 of the 5 blocks
+    dst.import_sequence(state)
+    out = {}
+    while dst.has_unfinished():
+        out.update({o.seq_id: o for o in dst.step()})
+    cmp = compare_outputs(out["z"].token_ids, ref.token_ids, [ref.margins])
+    assert cmp, cmp.detail
