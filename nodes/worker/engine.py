@@ -42,6 +42,9 @@ class EngineConfig:
     chunked_prefill: bool = True
     prefix_caching: bool = True
     num_threads: int | None = None
+    # "native": the compiled paged decode attention (falls back to "sdpa" if it cannot be
+    # built); "sdpa": gather the slots, then scaled_dot_product_attention.
+    attention: str = "native"
 
 
 @dataclass
@@ -79,7 +82,14 @@ class LLMEngine:
             1, config.kv_cache_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size))
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype)
-        self.runner = ModelRunner(self.model, self.cache)
+        kernel = None
+        if config.attention == "native":
+            from shoal.nodes.worker.kernels import paged_decode_attention
+
+            kernel = paged_decode_attention()
+        elif config.attention != "sdpa":
+            raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
+        self.runner = ModelRunner(self.model, self.cache, kernel)
         self.planner = planner or MixedBatchPlanner(PlannerConfig(
             block_size=config.block_size,
             max_num_batched_tokens=config.max_num_batched_tokens,

@@ -15,10 +15,11 @@ from shoal.nodes.worker.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cache: KVCache):
+    def __init__(self, model: DecoderLM, cache: KVCache, decode_kernel=None):
         self.model = model
         self.cache = cache
         self.bs = cache.block_size
+        self.decode_kernel = decode_kernel
 
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
@@ -31,7 +32,8 @@ class ModelRunner:
         logit_rows: list[int] = []
         logit_chunks: list[int] = []
         decodes = [i for i in order if chunks[i][1] == 1]
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long))
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs,
+                                 decode_kernel=self.decode_kernel)
         row = 0
         if decodes:
             b = len(decodes)
@@ -48,13 +50,17 @@ class ModelRunner:
                 if sample_mask[i]:
                     logit_rows.append(r)
                     logit_chunks.append(i)
-            slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
             ctx_t = torch.tensor(ctx)
-            slot_rows.append(slots[torch.arange(b), ctx_t - 1])
+            last = ctx_t - 1
+            slot_rows.append(table[torch.arange(b), last // bs] * bs + last % bs)
             meta.num_decodes = b
-            meta.decode_len = L
-            meta.decode_slots = slots.reshape(-1)
-            meta.decode_mask = (torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)).view(b, 1, 1, L)
+            meta.decode_tables = table
+            meta.decode_ctx = ctx_t
+            if self.decode_kernel is None:
+                slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
+                meta.decode_len = L
+                meta.decode_slots = slots.reshape(-1)
+                meta.decode_mask = (torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)).view(b, 1, 1, L)
             row = b
         for i in order[len(decodes):]:
             seq, n = chunks[i]

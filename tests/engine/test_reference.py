@@ -62,9 +62,12 @@ def check_against_hf(model_dir, engine, prompts, max_tokens, greedy_refs=2):
 MIXED = [1, 2, 7, 16, 17, 33, 64, 100, 255, 300]
 
 
-@pytest.mark.parametrize("chunked", [True, False])
-def test_tiny_matches_transformers(tiny_model, chunked):
-    eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512, chunked_prefill=chunked))
+@pytest.mark.parametrize("chunked, attention", [(True, "native"), (False, "native"), (True, "sdpa")])
+def test_tiny_matches_transformers(tiny_model, chunked, attention):
+    eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
+                                             chunked_prefill=chunked, attention=attention))
+    if attention == "native":
+        assert eng.runner.decode_kernel is not None, "the native kernel did not build"
     prompts = random_prompts(10, 512, MIXED)
     check_against_hf(tiny_model, eng, prompts, max_tokens=24)
     assert eng.stats.steps > 0 and not eng.has_unfinished()

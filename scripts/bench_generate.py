@@ -1,0 +1,171 @@
+"""W1 (../shared/BENCHMARKS.md): Shoal's engine against transformers static batching
+(and vLLM's CPU build where it is installed), on the same inputs in the same run.
+
+Each system runs in its own fresh process so that peak RSS is its own. Prints one
+summary line per figure and the ratios; `--json PATH` writes them too.
+
+    python scripts/bench_generate.py                      # W1 as specified (bf16)
+    python scripts/bench_generate.py --dtype float32      # on CPUs without native bf16
+    python scripts/bench_generate.py --sequences 32       # a scaled-down W1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from workloads import w1  # noqa: E402
+
+
+def matmul_gflops(dtype_name: str, threads: int) -> float:
+    """The machine's matrix-multiply throughput: the ceiling a decoder step can reach."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    x = torch.randn(1024, 768, dtype=dtype)
+    w = torch.randn(4096, 768, dtype=dtype)
+    for _ in range(3):
+        torch.nn.functional.linear(x, w)
+    n, t = 10, time.perf_counter()
+    for _ in range(n):
+        torch.nn.functional.linear(x, w)
+    return 2 * 1024 * 768 * 4096 * n / (time.perf_counter() - t) / 1e9
+
+
+def run_shoal(args, work) -> dict:
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.sampling import SamplingParams
+
+    eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, max_num_batched_tokens=args.budget,
+                                             num_threads=args.threads))
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
+    t = time.perf_counter()
+    outs = eng.generate(work.prompts, params)
+    wall = time.perf_counter() - t
+    s = eng.stats
+    return {"wall": wall, "output_tokens": sum(len(o.token_ids) for o in outs), "steps": s.steps,
+            "breakdown": {"plan": s.time_plan, "model": s.time_model, "sample": s.time_sample},
+            "preemptions": s.preemptions}
+
+
+def run_transformers(args, work) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
+    model.generation_config.eos_token_id = None
+    t = time.perf_counter()
+    produced = 0
+    for b in range(0, len(work.prompts), 32):
+        batch = work.prompts[b : b + 32]
+        lens = work.output_lens[b : b + 32]
+        width = max(map(len, batch))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=max(lens), do_sample=False, pad_token_id=0)
+        produced += sum(lens)  # the static batch runs to its longest; only asked-for tokens count
+    return {"wall": time.perf_counter() - t, "output_tokens": produced}
+
+
+def run_vllm(args, work) -> dict:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(args.model, skip_tokenizer_init=True, dtype=args.dtype)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
+    t = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in work.prompts], params)
+    return {"wall": time.perf_counter() - t, "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+
+
+RUNNERS = {"shoal": run_shoal, "transformers": run_transformers, "vllm": run_vllm}
+
+
+def child(args) -> None:
+    work = w1(sequences=args.sequences)
+    res = RUNNERS[args.child](args, work)
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(res))
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=".bench/model-small", help="made with --preset small if absent")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--sequences", type=int, default=128)
+    ap.add_argument("--budget", type=int, default=512, help="Shoal's max tokens per step")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--peers", default="transformers,vllm")
+    ap.add_argument("--json")
+    ap.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if not Path(args.model, "config.json").exists():
+        from shoal.nodes.worker.models.make_model import make_model
+
+        make_model(args.model, preset="small", dtype="bfloat16")
+    work = w1(sequences=args.sequences)
+    total_tokens = work.prompt_tokens + work.output_tokens
+    from shoal.nodes.worker.models.config import load_decoder_config
+
+    cfg = load_decoder_config(args.model)
+    params = (cfg.vocab_size * cfg.hidden_size + cfg.num_layers * (
+        cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+        + 3 * cfg.hidden_size * cfg.intermediate_size))
+    ceiling = matmul_gflops(args.dtype, args.threads)
+    print(f"W1: {args.sequences} sequences, {work.prompt_tokens} prompt + {work.output_tokens} output tokens, "
+          f"{args.dtype}, {args.threads} threads; model {params / 1e6:.0f}M parameters")
+    print(f"matmul ceiling ({args.dtype}, measured now): {ceiling:.0f} GFLOP/s")
+    systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or vllm_installed())]
+    if "vllm" in args.peers and not vllm_installed():
+        print("vllm: not installed here, skipped")
+    results = {}
+    for name in systems:
+        cmd = [sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
+               "--sequences", str(args.sequences), "--budget", str(args.budget), "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            print(f"{name}: failed\n{proc.stderr[-2000:]}")
+            continue
+        r = json.loads(line[7:])
+        r["output_tok_s"] = r["output_tokens"] / r["wall"]
+        r["total_tok_s"] = (work.prompt_tokens + r["output_tokens"]) / r["wall"]
+        r["flops_share"] = 2 * params * total_tokens / r["wall"] / (ceiling * 1e9)
+        results[name] = r
+        print(f"{name:>12}: {r['wall']:7.1f} s  {r['output_tok_s']:7.0f} output tok/s  {r['total_tok_s']:7.0f} total tok/s  "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB  model FLOP/s {100 * r['flops_share']:.0f}% of matmul ceiling")
+        if name == "shoal":
+            b = r["breakdown"]
+            other = r["wall"] - sum(b.values())
+            print(f"{'':>12}  steps {r['steps']}; plan {b['plan']:.1f} s, model {b['model']:.1f} s, "
+                  f"sample {b['sample']:.1f} s, other {other:.1f} s; preemptions {r['preemptions']}")
+    for peer in results:
+        if peer != "shoal" and "shoal" in results:
+            print(f"ratio shoal/{peer}: {results['shoal']['total_tok_s'] / results[peer]['total_tok_s']:.2f}x total tok/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "ceiling_gflops": ceiling, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
