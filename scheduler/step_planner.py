@@ -19,6 +19,11 @@ class SeqView:
     num_blocks: int  # blocks it holds (for a waiting one: its cached prefix blocks)
     # Cached prefix blocks that sit in the free list: admitting takes them from it.
     cached_free_blocks: int = 0
+    num_prompt_tokens: int = 0  # a running sequence decodes once these are computed
+
+    @property
+    def decoding(self) -> bool:
+        return self.num_prompt_tokens > 0 and self.num_computed >= self.num_prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class PlannerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 256
     chunked_prefill: bool = True
+    num_blocks: int = 0  # KV capacity, for policies that size their batch by memory
 
 
 @dataclass
@@ -48,6 +54,12 @@ class MixedBatchPlanner:
 
     def __init__(self, config: PlannerConfig):
         self.cfg = config
+
+    def observe_finished(self, output_len: int, prompt_len: int) -> None:
+        """MB needs no statistics; EB and EB+ learn the output-length hazard here."""
+
+    def stats(self) -> dict:
+        return {"policy": self.name, "mode": "mb"}
 
     def _blocks_after(self, v: SeqView, n: int) -> int:
         return -(-(v.num_computed + n) // self.cfg.block_size)

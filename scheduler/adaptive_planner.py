@@ -1,0 +1,80 @@
+"""EB+: runs MB or EB and switches between them online by the crossover condition of
+Prop. 4, with hysteresis and a cooldown (PAPERS.md §1).
+
+Every `decide_every` completions it evaluates LHS = β_MB(r̂) − β_EB and RHS from the
+calibrated cost model, the estimated prompt and output means, θ̂, k̂ and the current
+concurrency; EB when LHS > RHS + δ, MB when LHS < RHS − δ, otherwise it stays.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from shoal.scheduler import eb_math
+from shoal.scheduler.cost_model import CostModel
+from shoal.scheduler.exclusive_planner import ExclusiveBatchPlanner
+from shoal.scheduler.output_length_model import OutputLengthModel
+from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig, SeqView, StepPlan
+
+log = logging.getLogger(__name__)
+
+
+class AdaptivePlanner:
+    name = "ebplus"
+
+    def __init__(self, config: PlannerConfig, cost: CostModel, delta: float = 1e-5,
+                 decide_every: int = 8, cooldown: int = 2, lengths: OutputLengthModel | None = None):
+        self.cfg = config
+        self.cost = cost
+        self.delta = delta
+        self.decide_every = decide_every
+        self.cooldown = cooldown
+        self.lengths = lengths or OutputLengthModel()
+        self.mb = MixedBatchPlanner(config)
+        self.eb = ExclusiveBatchPlanner(config, cost, self.lengths)
+        self.mode = "mb"
+        self.lhs = self.rhs = 0.0
+        self.switches: list[tuple[int, str]] = []  # (completion count, new mode)
+        self.completions = 0
+        self._hold = 0
+        self._concurrency = 0
+
+    def observe_finished(self, output_len: int, prompt_len: int) -> None:
+        self.eb.observe_finished(output_len, prompt_len)  # shares self.lengths
+        self.completions += 1
+        if self.completions % self.decide_every == 0:
+            self.decide()
+
+    def decide(self) -> str:
+        mu_l = self.lengths.mean_prompt
+        if mu_l is None:
+            return self.mode
+        n = max(1, min(self.eb.n_hat, self._concurrency or self.eb.n_hat))
+        k = max(1, int(self.eb.theta * n))
+        self.lhs, self.rhs = eb_math.crossover(self.cost, mu_l, self.lengths.mean_output, self.eb.theta, k, n)
+        if self._hold > 0:
+            self._hold -= 1
+            return self.mode
+        want = self.mode
+        if self.lhs > self.rhs + self.delta:
+            want = "eb"
+        elif self.lhs < self.rhs - self.delta:
+            want = "mb"
+        if want != self.mode:
+            log.info("[ebplus] %s -> %s after %d completions (LHS %.3g, RHS %.3g)", self.mode, want,
+                     self.completions, self.lhs, self.rhs)
+            self.mode = want
+            self.switches.append((self.completions, want))
+            self._hold = self.cooldown
+            if want == "eb":
+                self.eb.phase = "decode"
+        return self.mode
+
+    def plan(self, running: Sequence[SeqView], waiting: Sequence[SeqView], free_blocks: int) -> StepPlan:
+        self._concurrency = len(running) + len(waiting)
+        return (self.eb if self.mode == "eb" else self.mb).plan(running, waiting, free_blocks)
+
+    def stats(self) -> dict:
+        return {"policy": self.name, "mode": self.mode, "theta": self.eb.theta, "k_hat": self.eb.k_hat,
+                "n_hat": self.eb.n_hat, "lhs": self.lhs, "rhs": self.rhs, "switches": len(self.switches)}
