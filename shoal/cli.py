@@ -54,6 +54,19 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    """Measures the step cost model on this device and caches it (re-runs if cached)."""
+    from shoal.nodes.worker import calibration
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="mb"))
+    cm = calibration.calibrate(engine, progress=lambda m: print(m, flush=True))
+    cm.validate()
+    path = calibration.save(engine, cm)
+    print(f"calibration: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="shoal", description="Batch inference for iterative retrieval workloads")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -77,10 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.set_defaults(fn=cmd_generate)
 
+    c = sub.add_parser("calibrate", help="measure the step cost model on this device (cached per model, dtype, device)")
+    c.add_argument("--model", required=True)
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    c.set_defaults(fn=cmd_calibrate)
+
     args = ap.parse_args(argv)
     from shoal.generate_input import InputError
     from shoal.sampling import RequestError
 
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
     except (InputError, RequestError, ValueError) as e:

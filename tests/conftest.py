@@ -32,3 +32,18 @@ def small_shaped_model(tmp_path_factory):
     """The W1 model's widths (hidden 768, 12/4 heads, vocab 32000) with 2 layers."""
     return _make(tmp_path_factory, "small2l", preset="small", dtype="float32",
                  overrides={"num_hidden_layers": 2}, tokenizer_text_chars=40_000)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state_dir(tmp_path_factory):
+    """Calibration caches and other node state go to a per-session folder, not $HOME."""
+    import os
+
+    path = tmp_path_factory.mktemp("shoal-state")
+    old = os.environ.get("SHOAL_STATE_DIR")
+    os.environ["SHOAL_STATE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("SHOAL_STATE_DIR", None)
+    else:
+        os.environ["SHOAL_STATE_DIR"] = old

@@ -45,6 +45,9 @@ class EngineConfig:
     # "native": the compiled paged decode attention (falls back to "sdpa" if it cannot be
     # built); "sdpa": gather the slots, then scaled_dot_product_attention.
     attention: str = "native"
+    # Step planning: "mb", "eb" or "ebplus" (switches between them online). EB and EB+
+    # need the device calibration: loaded from the state dir, or measured at start-up.
+    policy: str = "ebplus"
 
 
 @dataclass
@@ -70,7 +73,7 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig(), planner=None):
+    def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig(), planner=None, cost_model=None):
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config
@@ -78,8 +81,11 @@ class LLMEngine:
         self.model_cfg = self.model.cfg
         self.tokenizer = TextTokenizer(model_dir)
         dtype = parse_dtype(config.dtype)
-        num_blocks = config.num_blocks or max(
-            1, config.kv_cache_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size))
+        # No more than max_num_seqs full contexts could ever use: a tiny model does not
+        # get (and zero) gigabytes of cache it cannot fill.
+        useful = config.max_num_seqs * self.model_cfg.max_position_embeddings // config.block_size + 1
+        num_blocks = config.num_blocks or max(1, min(
+            useful, config.kv_cache_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)))
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype)
         kernel = None
@@ -90,12 +96,7 @@ class LLMEngine:
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
         self.runner = ModelRunner(self.model, self.cache, kernel)
-        self.planner = planner or MixedBatchPlanner(PlannerConfig(
-            block_size=config.block_size,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            chunked_prefill=config.chunked_prefill,
-        ))
+        self.planner = MixedBatchPlanner(self.planner_config())
         self.seqs: dict[object, Sequence] = {}
         self.running: list[Sequence] = []  # admission order
         self.waiting: list[Sequence] = []  # arrival order
@@ -103,6 +104,23 @@ class LLMEngine:
         self.stats = EngineStats()
         # Tests and benchmarks may watch every sampling step's logits: fn(seq_ids, logits).
         self.on_logits = None
+        self.cost_model = None
+        self.policy_fallback: str | None = None  # why EB/EB+ was refused, if it was
+        if planner is not None:
+            self.planner = planner
+        elif config.policy != "mb":
+            from shoal.nodes.worker.policy import build_planner
+
+            self.planner = build_planner(self, config.policy, cost_model)
+
+    def planner_config(self) -> PlannerConfig:
+        c = self.config
+        return PlannerConfig(block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
+                             max_num_seqs=c.max_num_seqs, chunked_prefill=c.chunked_prefill,
+                             num_blocks=self.blocks.num_blocks)
+
+    def reset_stats(self) -> None:
+        self.stats = EngineStats()
 
     # -- requests --------------------------------------------------------------------
 
@@ -186,7 +204,8 @@ class LLMEngine:
 
     def _plan(self):
         bs = self.config.block_size
-        running = [SeqView(s.seq_id, s.num_tokens, s.num_computed, len(s.block_table)) for s in self.running]
+        running = [SeqView(s.seq_id, s.num_tokens, s.num_computed, len(s.block_table), 0, s.num_prompt_tokens)
+                   for s in self.running]
         room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
         waiting, cached = [], {}
         for s in self.waiting[: max(0, room)]:
@@ -196,7 +215,7 @@ class LLMEngine:
                 blocks = self._match(s)
             cached[s.seq_id] = blocks
             waiting.append(SeqView(s.seq_id, s.num_tokens, len(blocks) * bs, len(blocks),
-                                   self.blocks.free_blocks_needed(blocks)))
+                                   self.blocks.free_blocks_needed(blocks), s.num_prompt_tokens))
         return self.planner.plan(running, waiting, self.blocks.num_free), cached
 
     def _match(self, s: Sequence) -> list[int]:
@@ -292,6 +311,7 @@ class LLMEngine:
         return any(s in text for s in seq.params.stop)
 
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
+        self.planner.observe_finished(len(seq.output_token_ids), seq.num_prompt_tokens)
         self._drop(seq)
         del self.seqs[seq.seq_id]
         seq.finish_reason = reason

@@ -1,0 +1,148 @@
+"""Calibrating the step cost model on this worker's own device (PAPERS.md §1).
+
+Times pure prefill steps over a grid of lengths and pure decode steps over a grid of
+batch sizes on the loaded engine, fits α_p, β_p, α_d, β_d by least squares, and fits
+β_MB(r) = a + b·r + c·r² to the cost per token of short MB runs at several decode
+shares r. The result is cached per (model fingerprint, dtype, device) as JSON; a cache
+for another model, or a fit that fails validation, is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from shoal.env import state_dir
+from shoal.sampling import SamplingParams
+from shoal.scheduler.cost_model import CalibrationError, CostModel
+from shoal.scheduler.least_squares import fit_polynomial
+from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_VERSION = 1
+
+
+def device_name() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu:{model}:{torch.get_num_threads()}t"
+
+
+def cache_path(engine, root: Path | None = None) -> Path:
+    key = f"{engine.fingerprint.replace(':', '_')}-{engine.config.dtype}-{device_name()}-v{CALIBRATION_VERSION}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
+    return (root or state_dir()) / "calibration" / f"{safe}.json"
+
+
+def load_cached(engine, root: Path | None = None) -> CostModel | None:
+    path = cache_path(engine, root)
+    if not path.exists():
+        return None
+    try:
+        cm = CostModel.from_dict(json.loads(path.read_text()))
+    except (ValueError, CalibrationError) as e:
+        raise CalibrationError(f"calibration cache {path} is unreadable: {e}") from None
+    cm.validate(model=engine.fingerprint, dtype=engine.config.dtype, device=device_name())
+    return cm
+
+
+def save(engine, cm: CostModel, root: Path | None = None) -> Path:
+    path = cache_path(engine, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cm.to_dict(), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def _timed_steps(engine, count: int) -> list[float]:
+    times = []
+    for _ in range(count):
+        t = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def _prompt(r: random.Random, engine, n: int) -> list[int]:
+    return [r.randrange(engine.model_cfg.vocab_size - 1) for _ in range(n)]
+
+
+def calibrate(engine, prefill_lengths=(32, 64, 128, 256, 512), decode_batches=(1, 4, 8, 16, 32, 64),
+              decode_context=128, mb_shares=(0.2, 0.5, 0.8, 0.95), mb_tokens=2048, repeats=3,
+              progress=None) -> CostModel:
+    """Measures this engine's model on this device. The engine must be idle; it is left
+    idle, with its own planner restored."""
+    if engine.has_unfinished():
+        raise RuntimeError("calibrate needs an idle engine")
+    r = random.Random(1234)  # calibration texts of its own, never the job's
+    saved = engine.planner
+    max_len = max(prefill_lengths)
+    cfg = PlannerConfig(block_size=engine.config.block_size, max_num_batched_tokens=max(max_len, max(decode_batches)),
+                        max_num_seqs=max(max(decode_batches), 64), num_blocks=engine.blocks.num_blocks)
+    engine.planner = MixedBatchPlanner(cfg)  # a budget that prefills each prompt in one step
+    say = progress or (lambda msg: log.info("[calibrate] %s", msg))
+    try:
+        xs, ys = [], []
+        for L in prefill_lengths:
+            samples = []
+            for i in range(repeats + 1):
+                engine.add_request(("cal-p", L, i), prompt_token_ids=_prompt(r, engine, L),
+                                   params=SamplingParams(max_tokens=1, ignore_eos=True))
+                samples += _timed_steps(engine, 1)
+            xs.append(L)
+            ys.append(statistics.median(samples[1:]))  # the first run warms caches
+        (ap, bp), r2p = fit_polynomial(xs, ys, 1)
+        say(f"prefill: α_p {ap * 1e3:.2f} ms, β_p {bp * 1e6:.1f} µs/token, R² {r2p:.3f}")
+
+        xs, ys = [], []
+        for k in decode_batches:
+            for i in range(k):
+                engine.add_request(("cal-d", k, i), prompt_token_ids=_prompt(r, engine, decode_context),
+                                   params=SamplingParams(max_tokens=repeats + 64, ignore_eos=True))
+            while any(s.num_computed < s.num_prompt_tokens for s in engine.seqs.values()):
+                engine.step()
+            xs.append(k)
+            ys.append(statistics.median(_timed_steps(engine, repeats + 2)))
+            for sid in list(engine.seqs):
+                engine.abort(sid)
+        (ad, bd), r2d = fit_polynomial(xs, ys, 1)
+        say(f"decode: α_d {ad * 1e3:.2f} ms, β_d {bd * 1e6:.1f} µs/sequence, R² {r2d:.3f}")
+
+        engine.planner = MixedBatchPlanner(engine.planner_config())  # MB as the engine runs it
+        xs, ys = [], []
+        for share in mb_shares:
+            total = 64  # tokens per sequence: prompt + output
+            out_len = max(1, int(round(share * total)))
+            n = max(2, mb_tokens // total)
+            for i in range(n):
+                engine.add_request(("cal-m", share, i), prompt_token_ids=_prompt(r, engine, max(1, total - out_len)),
+                                   params=SamplingParams(max_tokens=out_len, ignore_eos=True))
+            t = time.perf_counter()
+            while engine.has_unfinished():
+                engine.step()
+            xs.append(out_len / total)
+            ys.append((time.perf_counter() - t) / (n * total))
+        (a, b, c), r2m = fit_polynomial(xs, ys, 2)
+        say(f"MB: β_MB(r) = {a * 1e6:.1f} + {b * 1e6:.1f}·r + {c * 1e6:.1f}·r² µs/token, R² {r2m:.3f}")
+    finally:
+        for sid in list(engine.seqs):
+            engine.abort(sid)
+        engine.planner = saved
+        engine.reset_stats()
+    return CostModel(ap, bp, ad, bd, a, b, c, model=engine.fingerprint, dtype=engine.config.dtype,
+                     device=device_name(), r2={"prefill": r2p, "decode": r2d, "mb": r2m})

@@ -1,0 +1,47 @@
+"""Choosing the engine's step planner, with the calibration EB and EB+ depend on."""
+
+from __future__ import annotations
+
+import logging
+
+from shoal.nodes.worker import calibration
+from shoal.scheduler.adaptive_planner import AdaptivePlanner
+from shoal.scheduler.cost_model import CalibrationError, CostModel
+from shoal.scheduler.exclusive_planner import ExclusiveBatchPlanner
+from shoal.scheduler.step_planner import MixedBatchPlanner
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("mb", "eb", "ebplus")
+
+
+def obtain_cost_model(engine) -> CostModel:
+    """The cached calibration for this model, dtype and device, or a fresh one."""
+    try:
+        cm = calibration.load_cached(engine)
+    except CalibrationError as e:
+        log.warning("[calibrate] ignoring cached calibration: %s", e)
+        cm = None
+    if cm is None:
+        log.info("[calibrate] measuring the step cost model on %s", calibration.device_name())
+        cm = calibration.calibrate(engine)
+        cm.validate()
+        calibration.save(engine, cm)
+    return cm
+
+
+def build_planner(engine, policy: str, cost_model: CostModel | None = None):
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    cfg = engine.planner_config()
+    if policy == "mb":
+        return MixedBatchPlanner(cfg)
+    try:
+        cm = cost_model or obtain_cost_model(engine)
+        cm.validate(model=engine.fingerprint if cm.model else None)
+    except CalibrationError as e:
+        log.warning("[policy] %s refused (%s); falling back to MB", policy, e)
+        engine.policy_fallback = str(e)
+        return MixedBatchPlanner(cfg)
+    engine.cost_model = cm
+    return ExclusiveBatchPlanner(cfg, cm) if policy == "eb" else AdaptivePlanner(cfg, cm)

@@ -1,0 +1,85 @@
+"""Policies change when work runs, never what it computes; bad calibrations fall back
+to MB with the reason."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from shoal.nodes.worker import calibration
+from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+from shoal.output_compare import compare_outputs
+from shoal.sampling import SamplingParams
+from shoal.scheduler.cost_model import H200_QWEN3_8B, CostModel
+
+
+def test_calibration_fits_and_caches(tiny_model):
+    eng = LLMEngine(tiny_model, EngineConfig(policy="ebplus"))
+    assert eng.policy_fallback is None, eng.policy_fallback
+    cm = eng.cost_model
+    assert cm.beta_p > 0 and cm.beta_d > 0 and cm.alpha_d > 0
+    assert min(cm.r2.values()) >= 0.9
+    path = calibration.cache_path(eng)
+    assert json.loads(path.read_text())["model"] == eng.fingerprint
+    # A second engine reuses the cache instead of measuring again.
+    again = LLMEngine(tiny_model, EngineConfig(policy="eb"))
+    assert again.cost_model == cm
+    assert not eng.has_unfinished() and eng.stats.steps == 0  # calibration left no trace
+
+
+@pytest.mark.parametrize("policy", ["eb", "ebplus"])
+def test_policies_give_the_same_output_as_mb(tiny_model, policy):
+    r = random.Random(5)
+    prompts = [[r.randrange(511) for _ in range(r.randint(1, 150))] for _ in range(40)]
+    params = [SamplingParams(max_tokens=r.randint(4, 40), ignore_eos=True, return_margins=True) for _ in prompts]
+    ref = LLMEngine(tiny_model, EngineConfig(policy="mb")).generate(prompts, params)
+    eng = LLMEngine(tiny_model, EngineConfig(policy=policy, max_num_seqs=16))
+    assert eng.planner.name == policy
+    outs = eng.generate(prompts, params)
+    for a, b in zip(ref, outs):
+        cmp = compare_outputs(a.token_ids, b.token_ids, [a.margins, b.margins])
+        assert cmp, cmp.detail
+
+
+def test_eb_alternates_pure_steps(tiny_model):
+    eng = LLMEngine(tiny_model, EngineConfig(policy="eb", max_num_seqs=8))
+    phases = []
+    orig = eng.runner.run
+
+    def spy(chunks, mask):
+        kinds = {"decode" if s.num_computed >= s.num_prompt_tokens else "prefill" for s, _ in chunks}
+        phases.append(kinds)
+        return orig(chunks, mask)
+
+    eng.runner.run = spy
+    r = random.Random(6)
+    eng.generate([[r.randrange(511) for _ in range(30)] for _ in range(24)],
+                 SamplingParams(max_tokens=12, ignore_eos=True))
+    assert all(len(k) == 1 for k in phases), "EB ran a mixed step"
+    assert {"prefill"} in phases and {"decode"} in phases
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (CostModel(1e-3, -1e-5, 1e-3, 1e-5, 1e-5, 1e-5, 0), "negative"),
+    (CostModel(1e-3, 1e-5, 1e-3, 1e-5, 1e-5, 1e-5, 0, r2={"decode": 0.3}), "R²"),
+    (H200_QWEN3_8B, "measured for model 'Qwen3-8B'"),
+])
+def test_bad_calibration_falls_back_to_mb(tiny_model, bad, reason):
+    eng = LLMEngine(tiny_model, EngineConfig(policy="ebplus"), cost_model=bad)
+    assert eng.planner.name == "mb"
+    assert reason in eng.policy_fallback
+    out = eng.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+
+
+def test_stale_cache_for_another_model_is_refused(tiny_model, tiny_model_other_seed):
+    eng = LLMEngine(tiny_model, EngineConfig(policy="ebplus"))
+    other = LLMEngine(tiny_model_other_seed, EngineConfig(policy="mb"))
+    # Plant the first model's calibration where the second model's cache lives.
+    path = calibration.cache_path(other)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(eng.cost_model.to_dict()))
+    with pytest.raises(Exception, match="measured for model"):
+        calibration.load_cached(other)
