@@ -47,15 +47,25 @@ def run_shoal(args, work) -> dict:
     from shoal.sampling import SamplingParams
 
     eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, max_num_batched_tokens=args.budget,
-                                             num_threads=args.threads))
+                                             num_threads=args.threads, policy=args.policy))
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
     t = time.perf_counter()
     outs = eng.generate(work.prompts, params)
     wall = time.perf_counter() - t
     s = eng.stats
-    return {"wall": wall, "output_tokens": sum(len(o.token_ids) for o in outs), "steps": s.steps,
-            "breakdown": {"plan": s.time_plan, "model": s.time_model, "sample": s.time_sample},
-            "preemptions": s.preemptions}
+    result = {"wall": wall, "output_tokens": sum(len(o.token_ids) for o in outs), "steps": s.steps,
+              "breakdown": {"plan": s.time_plan, "model": s.time_model, "sample": s.time_sample},
+              "preemptions": s.preemptions}
+    # A step's anatomy, profiled apart from the timed run: the same work again, with
+    # the profiler on for steps in the prefill-and-decode middle of the job.
+    from step_profile import profile_steps
+
+    for i, (p, n) in enumerate(zip(work.prompts, work.output_lens)):
+        eng.add_request(("profile", i), prompt_token_ids=p, params=SamplingParams(max_tokens=n, ignore_eos=True))
+    for _ in range(60):
+        eng.step()
+    result["step_profile"] = profile_steps(eng, 10)
+    return result
 
 
 def run_transformers(args, work) -> dict:
@@ -114,6 +124,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=128)
     ap.add_argument("--budget", type=int, default=512, help="Shoal's max tokens per step")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"], help="Shoal's step planner")
     ap.add_argument("--peers", default="transformers,vllm")
     ap.add_argument("--json")
     ap.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
@@ -134,7 +145,8 @@ def main() -> None:
         + 3 * cfg.hidden_size * cfg.intermediate_size))
     ceiling = matmul_gflops(args.dtype, args.threads)
     print(f"W1: {args.sequences} sequences, {work.prompt_tokens} prompt + {work.output_tokens} output tokens, "
-          f"{args.dtype}, {args.threads} threads; model {params / 1e6:.0f}M parameters")
+          f"{args.dtype}, {args.threads} threads; model {params / 1e6:.0f}M parameters; Shoal policy {args.policy}, "
+          f"budget {args.budget} tokens/step")
     print(f"matmul ceiling ({args.dtype}, measured now): {ceiling:.0f} GFLOP/s")
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or vllm_installed())]
     if "vllm" in args.peers and not vllm_installed():
@@ -142,7 +154,8 @@ def main() -> None:
     results = {}
     for name in systems:
         cmd = [sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
-               "--sequences", str(args.sequences), "--budget", str(args.budget), "--threads", str(args.threads)]
+               "--sequences", str(args.sequences), "--budget", str(args.budget), "--threads", str(args.threads),
+               "--policy", args.policy]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
@@ -160,6 +173,9 @@ def main() -> None:
             other = r["wall"] - sum(b.values())
             print(f"{'':>12}  steps {r['steps']}; plan {b['plan']:.1f} s, model {b['model']:.1f} s, "
                   f"sample {b['sample']:.1f} s, other {other:.1f} s; preemptions {r['preemptions']}")
+            from step_profile import format_breakdown
+
+            print(f"{'':>12}  step anatomy: {format_breakdown(r['step_profile'])}")
     for peer in results:
         if peer != "shoal" and "shoal" in results:
             print(f"ratio shoal/{peer}: {results['shoal']['total_tok_s'] / results[peer]['total_tok_s']:.2f}x total tok/s")

@@ -67,8 +67,9 @@ def paged_attention(
     out = torch.empty_like(q)
     b = meta.num_decodes
     if b and meta.decode_kernel is not None:
-        o = meta.decode_kernel(q[:b].float().contiguous(), kv_cache[0], kv_cache[1],
-                               meta.decode_tables, meta.decode_ctx, meta.block_size, scale)
+        with torch.profiler.record_function("shoal::paged_decode_attention"):
+            o = meta.decode_kernel(q[:b].float().contiguous(), kv_cache[0], kv_cache[1],
+                                   meta.decode_tables, meta.decode_ctx, meta.block_size, scale)
         out[:b] = o.to(q.dtype)
     elif b:
         # Fold the query heads of a KV group into the query-length axis: one decode token

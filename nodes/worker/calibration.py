@@ -56,7 +56,12 @@ def load_cached(engine, root: Path | None = None) -> CostModel | None:
         cm = CostModel.from_dict(json.loads(path.read_text()))
     except (ValueError, CalibrationError) as e:
         raise CalibrationError(f"calibration cache {path} is unreadable: {e}") from None
-    cm.validate(model=engine.fingerprint, dtype=engine.config.dtype, device=device_name())
+    # Identity only: a poor fit is still this device's measurement, kept so the engine
+    # decides the same way each start (the planner validates its quality).
+    for what, want, have in (("model", engine.fingerprint, cm.model), ("dtype", engine.config.dtype, cm.dtype),
+                             ("device", device_name(), cm.device)):
+        if want != have:
+            raise CalibrationError(f"calibration cache {path} was measured for {what} {have!r}, not {want!r}")
     return cm
 
 
@@ -82,8 +87,10 @@ def _prompt(r: random.Random, engine, n: int) -> list[int]:
     return [r.randrange(engine.model_cfg.vocab_size - 1) for _ in range(n)]
 
 
-def calibrate(engine, prefill_lengths=(32, 64, 128, 256, 512), decode_batches=(1, 4, 8, 16, 32, 64),
-              decode_context=128, mb_shares=(0.2, 0.5, 0.8, 0.95), mb_tokens=2048, repeats=3,
+# Grids where the linear step-time model holds on a CPU: below ~16 sequences a decode
+# step is bound by reading the weights and its time is flat, which bends a line fit.
+def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(16, 32, 48, 64, 96, 128),
+              decode_context=128, mb_shares=(0.2, 0.5, 0.8, 0.95), mb_tokens=2048, repeats=4,
               progress=None) -> CostModel:
     """Measures this engine's model on this device. The engine must be idle; it is left
     idle, with its own planner restored."""

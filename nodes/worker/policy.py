@@ -25,8 +25,8 @@ def obtain_cost_model(engine) -> CostModel:
     if cm is None:
         log.info("[calibrate] measuring the step cost model on %s", calibration.device_name())
         cm = calibration.calibrate(engine)
-        cm.validate()
-        calibration.save(engine, cm)
+        path = calibration.save(engine, cm)
+        log.info("[calibrate] saved %s", path)
     return cm
 
 
@@ -40,7 +40,7 @@ def build_planner(engine, policy: str, cost_model: CostModel | None = None):
         cm = cost_model or obtain_cost_model(engine)
         cm.validate(model=engine.fingerprint if cm.model else None)
     except CalibrationError as e:
-        log.warning("[policy] %s refused (%s); falling back to MB", policy, e)
+        log.warning("[policy] %s refused (%s); falling back to MB (`shoal calibrate` measures again)", policy, e)
         engine.policy_fallback = str(e)
         return MixedBatchPlanner(cfg)
     engine.cost_model = cm
