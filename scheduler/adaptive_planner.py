@@ -2,8 +2,11 @@
 Prop. 4, with hysteresis and a cooldown (PAPERS.md §1).
 
 Every `decide_every` completions it evaluates LHS = β_MB(r̂) − β_EB and RHS from the
-calibrated cost model, the estimated prompt and output means, θ̂, k̂ and the current
-concurrency; EB when LHS > RHS + δ, MB when LHS < RHS − δ, otherwise it stays.
+calibrated cost model, the prompt and output means, θ̂, k̂ and the current concurrency;
+EB when LHS > RHS + δ, MB when LHS < RHS − δ, otherwise it stays. The prompt mean is
+that of the sequences in flight (known on arrival); the output mean is that of the
+last 64 completions, so a shift in the traffic moves the decision within a few dozen
+completions rather than a whole hazard window.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class AdaptivePlanner:
         self.completions = 0
         self._hold = 0
         self._concurrency = 0
+        self._mean_prompt_now: float | None = None
 
     def observe_finished(self, output_len: int, prompt_len: int) -> None:
         self.eb.observe_finished(output_len, prompt_len)  # shares self.lengths
@@ -47,12 +51,12 @@ class AdaptivePlanner:
             self.decide()
 
     def decide(self) -> str:
-        mu_l = self.lengths.mean_prompt
-        if mu_l is None:
+        mu_l = self._mean_prompt_now or self.lengths.mean_prompt
+        if mu_l is None or not self.lengths.lengths:
             return self.mode
         n = max(1, min(self.eb.n_hat, self._concurrency or self.eb.n_hat))
         k = max(1, int(self.eb.theta * n))
-        self.lhs, self.rhs = eb_math.crossover(self.cost, mu_l, self.lengths.mean_output, self.eb.theta, k, n)
+        self.lhs, self.rhs = eb_math.crossover(self.cost, mu_l, self.lengths.recent_mean_output(), self.eb.theta, k, n)
         if self._hold > 0:
             self._hold -= 1
             return self.mode
@@ -73,6 +77,8 @@ class AdaptivePlanner:
 
     def plan(self, running: Sequence[SeqView], waiting: Sequence[SeqView], free_blocks: int) -> StepPlan:
         self._concurrency = len(running) + len(waiting)
+        if self._concurrency:
+            self._mean_prompt_now = (sum(v.num_prompt_tokens for v in running) + sum(v.num_prompt_tokens for v in waiting)) / self._concurrency
         return (self.eb if self.mode == "eb" else self.mb).plan(running, waiting, free_blocks)
 
     def stats(self) -> dict:

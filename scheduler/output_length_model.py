@@ -31,6 +31,14 @@ class OutputLengthModel:
     def mean_output(self) -> float:
         return float(np.mean(self.lengths)) if self.lengths else self.prior_mean
 
+    def recent_mean_output(self, n: int = 64) -> float:
+        """Mean of the last n outputs: follows a shift in the workload sooner than the
+        hazard window does."""
+        if not self.lengths:
+            return self.prior_mean
+        tail = list(self.lengths)[-n:]
+        return float(sum(tail) / len(tail))
+
     @property
     def mean_prompt(self) -> float | None:
         return float(np.mean(self.prompts)) if self.prompts else None
