@@ -72,7 +72,12 @@ class ExclusiveBatchPlanner(MixedBatchPlanner):
             if plan.chunks:
                 return plan
             self.phase = "decode"  # refill done (or impossible): decode what runs
-        return self._plan_decode(decoding, free_blocks)
+        plan = self._plan_decode(decoding, free_blocks)
+        if not plan.chunks and not plan.preempted and (running or waiting):
+            # Neither pure phase can move (blocks held by half-prefilled sequences):
+            # MB's plan, which preempts, breaks the deadlock.
+            return MixedBatchPlanner.plan(self, running, waiting, free_blocks)
+        return plan
 
     def _plan_decode(self, decoding: Sequence[SeqView], free_blocks: int) -> StepPlan:
         # MB's loop over decodes only: preemption of the newest when blocks run out.

@@ -111,7 +111,9 @@ class SimWorker:
             s = self.running.pop(sid)
             self.free_blocks += s.blocks
             s.blocks, s.computed = 0, 0
-            self.waiting.insert(0, s)
+            self.waiting.append(s)
+        if plan.preempted:
+            self.waiting.sort(key=lambda s: s.arrival)  # as the engine re-queues them
         by_id = {s.seq_id: s for s in self.waiting}
         prefill = decode = 0
         done = []

@@ -97,6 +97,12 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
     if engine.has_unfinished():
         raise RuntimeError("calibrate needs an idle engine")
     r = random.Random(1234)  # calibration texts of its own, never the job's
+    # Keep every probe inside what this engine can hold.
+    limit = min(engine.max_total_tokens, engine.model_cfg.max_position_embeddings) - 2
+    prefill_lengths = [L for L in prefill_lengths if L <= limit] or [max(2, limit // 4), max(3, limit // 2)]
+    decode_batches = [k for k in decode_batches if k <= engine.config.max_num_seqs
+                      and k * (decode_context + repeats + 8) <= engine.max_total_tokens] or [1, 2]
+    decode_context = min(decode_context, limit // 2)
     saved = engine.planner
     max_len = max(prefill_lengths)
     cfg = PlannerConfig(block_size=engine.config.block_size, max_num_batched_tokens=max(max_len, max(decode_batches)),

@@ -113,6 +113,12 @@ class LLMEngine:
 
             self.planner = build_planner(self, config.policy, cost_model)
 
+    @property
+    def max_total_tokens(self) -> int:
+        """A sequence ends ("length") at the model's context or at what the whole KV
+        cache holds, whichever is less: alone, it always fits."""
+        return min(self.model_cfg.max_position_embeddings, self.blocks.num_blocks * self.config.block_size)
+
     def planner_config(self) -> PlannerConfig:
         c = self.config
         return PlannerConfig(block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
@@ -140,7 +146,7 @@ class LLMEngine:
             prompt_token_ids = self.tokenizer.encode(prompt)
         ids = list(prompt_token_ids)
         self._check_prompt(seq_id, ids)
-        seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.model_cfg.max_position_embeddings)
+        seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens)
         self._enqueue(seq)
 
     def _check_prompt(self, seq_id, ids: list[int]) -> None:
@@ -152,7 +158,7 @@ class LLMEngine:
             raise RequestError(f"sequence {seq_id!r}: token id {bad!r} outside the vocabulary [0, {cfg.vocab_size})")
         if len(ids) >= cfg.max_position_embeddings:
             raise RequestError(f"sequence {seq_id!r}: prompt of {len(ids)} tokens does not fit the model's context of {cfg.max_position_embeddings}")
-        if self.blocks.blocks_for(len(ids) + 1) > self.blocks.num_blocks:
+        if len(ids) >= self.max_total_tokens:
             raise RequestError(f"sequence {seq_id!r}: prompt of {len(ids)} tokens needs more KV blocks than the cache has ({self.blocks.num_blocks})")
 
     def _enqueue(self, seq: Sequence) -> None:
@@ -188,6 +194,10 @@ class LLMEngine:
         t1 = time.perf_counter()
         self.stats.time_plan += t1 - t0
         if not chunks:
+            if self.waiting and not self.running and not plan.preempted:
+                # Nothing runs and nothing can be admitted: looping would spin forever.
+                raise RuntimeError(f"engine stalled: {len(self.waiting)} waiting sequences, none admissible "
+                                   f"with {self.blocks.num_free} free KV blocks")
             return []
         sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
         logits, logit_chunks = self.runner.run(chunks, sample_mask)
@@ -373,19 +383,28 @@ class LLMEngine:
         params = SamplingParams.from_dict(state.params)
         seq = Sequence(sid, list(state.prompt_token_ids), params, op_index=state.op_index,
                        output_token_ids=list(state.output_token_ids), margins=list(state.margins),
-                       max_total_tokens=self.model_cfg.max_position_embeddings)
-        self._check_prompt(sid, seq.prompt_token_ids)
+                       max_total_tokens=self.max_total_tokens)
+        self._check_prompt(sid, seq.prompt_token_ids + seq.output_token_ids)
         kv = self._decode_kv(state) if state.kv is not None and state.num_computed else None
+        if kv is not None and state.num_computed >= seq.num_tokens:
+            # The last token's KV is recomputed, since that step is the one that samples.
+            kv = kv[:, :, : seq.num_tokens - 1]
+        num_computed = 0 if kv is None else kv.shape[2]
         self._enqueue(seq)
-        if kv is None:
+        if not num_computed:
             return
-        need = self.blocks.blocks_for(state.num_computed)
+        need = self.blocks.blocks_for(num_computed)
         if need > self.blocks.num_free:
             log.info("[import] %s: no room for %d KV blocks, will re-prefill", sid, need)
             return
-        seq.block_table = self.blocks.allocate(need)
-        self.cache.write(seq.block_table, kv)
-        seq.num_computed = state.num_computed
+        blocks = self.blocks.allocate(need)
+        try:
+            self.cache.write(blocks, kv)
+        except Exception:
+            self.blocks.release(blocks)
+            raise
+        seq.block_table = blocks
+        seq.num_computed = num_computed
         self.waiting.remove(seq)
         self.running.append(seq)
         seq.status = SeqStatus.RUNNING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from shoal.nodes.worker import calibration
+from shoal.sampling import RequestError
 from shoal.scheduler.adaptive_planner import AdaptivePlanner
 from shoal.scheduler.cost_model import CalibrationError, CostModel
 from shoal.scheduler.exclusive_planner import ExclusiveBatchPlanner
@@ -39,7 +40,7 @@ def build_planner(engine, policy: str, cost_model: CostModel | None = None):
     try:
         cm = cost_model or obtain_cost_model(engine)
         cm.validate(model=engine.fingerprint if cm.model else None)
-    except CalibrationError as e:
+    except (CalibrationError, RequestError, ValueError) as e:
         log.warning("[policy] %s refused (%s); falling back to MB (`shoal calibrate` measures again)", policy, e)
         engine.policy_fallback = str(e)
         return MixedBatchPlanner(cfg)

@@ -46,7 +46,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
         idx = torch.tensor(rows)
         sub = logits[idx].double()
         temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float64).unsqueeze(1)
-        sorted_logits, order = torch.sort(sub / temps, dim=-1, descending=True)
+        sorted_logits, order = torch.sort(sub / temps, dim=-1, descending=True, stable=True)
         vocab = sub.shape[1]
         ranks = torch.arange(vocab).unsqueeze(0)
         top_k = torch.tensor([params[i].top_k or vocab for i in rows]).unsqueeze(1)
@@ -57,7 +57,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
         probs = probs.masked_fill(before >= top_p, 0.0)  # always keeps the first token
         cdf = torch.cumsum(probs, dim=-1)
         u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float64).unsqueeze(1) * cdf[:, -1:]
-        pick = torch.searchsorted(cdf, u, right=True).clamp_(max=vocab - 1)
+        # Rounding can put u at the very top of the CDF: clamp to the last token kept.
+        last_kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
+        pick = torch.minimum(torch.searchsorted(cdf, u, right=True), last_kept)
         chosen[idx] = order.gather(1, pick).squeeze(1)
     margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None
     return chosen.tolist(), margins

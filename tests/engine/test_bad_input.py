@@ -123,3 +123,13 @@ def test_stop_strings_and_stop_tokens(tiny_model):
     tok = free.token_ids[4]
     out = eng.generate([[9, 8, 7]], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[tok]), seq_ids=["t"])[0]
     assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: free.token_ids.index(tok) + 1]
+
+
+def test_sequence_longer_than_the_cache_ends_instead_of_spinning(tiny_model):
+    # 4 blocks of 16 tokens: a 20-token prompt asking for 100 tokens can never fit.
+    eng = LLMEngine(tiny_model, EngineConfig(num_blocks=4, block_size=16, policy="mb"))
+    outs = eng.generate([[3] * 20, [4] * 10], SamplingParams(max_tokens=100, ignore_eos=True))
+    assert [o.finish_reason for o in outs] == ["length", "length"]
+    assert len(outs[0].token_ids) == 64 - 20 and len(outs[1].token_ids) == 64 - 10
+    with pytest.raises(RequestError, match="needs more KV blocks"):
+        eng.add_request("big", prompt_token_ids=[1] * 64)

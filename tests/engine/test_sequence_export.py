@@ -100,3 +100,38 @@ def test_import_without_room_reprefills(tiny_model):
         out.update({o.seq_id: o for o in dst.step()})
     cmp = compare_outputs(out["z"].token_ids, ref.token_ids, [ref.margins])
     assert cmp, cmp.detail
+
+
+def test_import_of_fully_computed_state_recomputes_the_last_token(tiny_model):
+    params = SamplingParams(max_tokens=12, ignore_eos=True, return_margins=True)
+    p = list(range(1, 30))
+    ref = LLMEngine(tiny_model, EngineConfig()).generate([p], params, seq_ids=["f"])[0]
+    src = LLMEngine(tiny_model, EngineConfig())
+    src.add_request("f", prompt_token_ids=p, params=params)
+    run_until(src, 4)
+    state = src.export_sequence("f")
+    assert state.num_computed == len(p) + len(state.output_token_ids) - 1
+    # A sender that (wrongly) claims KV for every token, the last included.
+    extra = LLMEngine(tiny_model, EngineConfig())
+    extra.add_request("f", prompt_token_ids=p + state.output_token_ids, params=SamplingParams(max_tokens=1))
+    extra.step()
+    full = extra.export_sequence("f")
+    state.kv, state.num_computed = full.kv, full.num_computed
+    assert state.num_computed == len(p) + len(state.output_token_ids)
+    dst = LLMEngine(tiny_model, EngineConfig())
+    dst.import_sequence(state)
+    out = {}
+    while dst.has_unfinished():
+        out.update({o.seq_id: o for o in dst.step()})
+    cmp = compare_outputs(out["f"].token_ids, ref.token_ids, [ref.margins])
+    assert cmp, cmp.detail
+
+
+def test_import_with_tokens_outside_the_vocabulary_is_refused(tiny_model):
+    src = LLMEngine(tiny_model, EngineConfig())
+    src.add_request("v", prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=5))
+    run_until(src, 2)
+    state = src.export_sequence("v")
+    state.output_token_ids = state.output_token_ids + [10**6]
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        LLMEngine(tiny_model, EngineConfig()).import_sequence(state)

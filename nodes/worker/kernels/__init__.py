@@ -24,7 +24,7 @@ def paged_decode_attention():
         from torch.utils.cpp_extension import load
 
         ext = load(
-            name="shoal_paged_decode_attention_v1",
+            name="shoal_paged_decode_attention_v2",
             sources=[str(_SRC)],
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
             extra_ldflags=["-fopenmp"],

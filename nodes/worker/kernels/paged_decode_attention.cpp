@@ -78,7 +78,15 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k_cache, tor
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous(), "q must be contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "cache halves must be contiguous");
   TORCH_CHECK(tables.dtype() == torch::kInt64 && ctx_lens.dtype() == torch::kInt64, "tables and lengths are int64");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "q [B,H,D], caches [slots,KVH,D]");
+  TORCH_CHECK(k_cache.dtype() == v_cache.dtype(), "k and v caches differ in dtype");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && KVH > 0 && H % KVH == 0, "head shapes do not match");
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == B && ctx_lens.numel() == B, "one table and length per sequence");
+  TORCH_CHECK(B == 0 || (ctx_lens.min().item<int64_t>() >= 1 &&
+              ctx_lens.max().item<int64_t>() <= tables.size(1) * block_size), "context lengths out of range");
+  TORCH_CHECK(tables.numel() == 0 || (tables.min().item<int64_t>() >= 0 &&
+              (tables.max().item<int64_t>() + 1) * block_size <= k_cache.size(0)), "block id outside the cache");
   auto out = torch::empty_like(q);
   auto t = tables.contiguous();
   auto c = ctx_lens.contiguous();
