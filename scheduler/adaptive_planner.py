@@ -43,6 +43,7 @@ class AdaptivePlanner:
         self._hold = 0
         self._concurrency = 0
         self._mean_prompt_now: float | None = None
+        self.theta0 = self.eb.theta
 
     def observe_finished(self, output_len: int, prompt_len: int) -> None:
         self.eb.observe_finished(output_len, prompt_len)  # shares self.lengths
@@ -54,9 +55,14 @@ class AdaptivePlanner:
         mu_l = self._mean_prompt_now or self.lengths.mean_prompt
         if mu_l is None or not self.lengths.lengths:
             return self.mode
+        mu_o = self.lengths.recent_mean_output()
         n = max(1, min(self.eb.n_hat, self._concurrency or self.eb.n_hat))
-        k = max(1, int(self.eb.theta * n))
-        self.lhs, self.rhs = eb_math.crossover(self.cost, mu_l, self.lengths.recent_mean_output(), self.eb.theta, k, n)
+        # θ₀ of the traffic now (constant hazard 1/μ_O): the EMA'd θ̂ that EB itself runs
+        # with lags a shift by a whole hazard window and would keep EB+ on the old side.
+        theta0 = eb_math.clamp_theta(eb_math.asymptotic_threshold(eb_math.hazard_rate(min(1.0 / mu_o, 0.999)), self.cost))
+        k = max(1, int(theta0 * n))
+        self.theta0 = theta0
+        self.lhs, self.rhs = eb_math.crossover(self.cost, mu_l, mu_o, theta0, k, n)
         if self._hold > 0:
             self._hold -= 1
             return self.mode
@@ -82,5 +88,5 @@ class AdaptivePlanner:
         return (self.eb if self.mode == "eb" else self.mb).plan(running, waiting, free_blocks)
 
     def stats(self) -> dict:
-        return {"policy": self.name, "mode": self.mode, "theta": self.eb.theta, "k_hat": self.eb.k_hat,
+        return {"policy": self.name, "mode": self.mode, "theta": self.eb.theta, "theta0": self.theta0, "k_hat": self.eb.k_hat,
                 "n_hat": self.eb.n_hat, "lhs": self.lhs, "rhs": self.rhs, "switches": len(self.switches)}

@@ -113,8 +113,8 @@ def test_import_of_fully_computed_state_recomputes_the_last_token(tiny_model):
     assert state.num_computed == len(p) + len(state.output_token_ids) - 1
     # A sender that (wrongly) claims KV for every token, the last included.
     extra = LLMEngine(tiny_model, EngineConfig())
-    extra.add_request("f", prompt_token_ids=p + state.output_token_ids, params=SamplingParams(max_tokens=1))
-    extra.step()
+    extra.add_request("f", prompt_token_ids=p + state.output_token_ids, params=SamplingParams(max_tokens=5))
+    extra.step()  # prefills every token of p + outputs, samples one more
     full = extra.export_sequence("f")
     state.kv, state.num_computed = full.kv, full.num_computed
     assert state.num_computed == len(p) + len(state.output_token_ids)
