@@ -57,6 +57,8 @@ class AdaptivePlanner:
             return self.mode
         mu_o = self.lengths.recent_mean_output()
         n = max(1, min(self.eb.n_hat, self._concurrency or self.eb.n_hat))
+        if n < 2:
+            return self.mode  # one sequence left: both modes run the same steps
         # θ₀ of the traffic now (constant hazard 1/μ_O): the EMA'd θ̂ that EB itself runs
         # with lags a shift by a whole hazard window and would keep EB+ on the old side.
         theta0 = eb_math.clamp_theta(eb_math.asymptotic_threshold(eb_math.hazard_rate(min(1.0 / mu_o, 0.999)), self.cost))

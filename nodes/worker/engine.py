@@ -128,6 +128,15 @@ class LLMEngine:
     def reset_stats(self) -> None:
         self.stats = EngineStats()
 
+    def stats_snapshot(self) -> dict:
+        """Counters, KV use and the planner's state (mode, θ̂, k̂, N̂, both sides of the
+        EB+ condition): what a worker reports and `shoal nodes` shows."""
+        from dataclasses import asdict
+
+        return {**asdict(self.stats), "running": len(self.running), "waiting": len(self.waiting),
+                "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
+                "planner": self.planner.stats(), "policy_fallback": self.policy_fallback}
+
     # -- requests --------------------------------------------------------------------
 
     def add_request(self, seq_id, prompt: str | None = None, prompt_token_ids: list[int] | None = None,

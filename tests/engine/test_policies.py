@@ -46,6 +46,10 @@ def test_policies_give_the_same_output_as_mb(tiny_model, policy):
     eng = LLMEngine(tiny_model, EngineConfig(policy=policy, max_num_seqs=16), cost_model=CPU_LIKE)
     assert eng.planner.name == policy
     outs = eng.generate(prompts, params)
+    snap = eng.stats_snapshot()["planner"]
+    assert snap["policy"] == policy and {"theta", "k_hat", "n_hat"} <= set(snap)
+    if policy == "ebplus":
+        assert {"mode", "lhs", "rhs"} <= set(snap) and snap["lhs"] != 0.0  # it decided
     for a, b in zip(ref, outs):
         cmp = compare_outputs(a.token_ids, b.token_ids, [a.margins, b.margins])
         assert cmp, cmp.detail
