@@ -1,0 +1,59 @@
+"""Every message type on the wire, declared once (see `version.py` for the evolution
+rule). A message is `[header, blob...]`; the fields below travel in the header, the
+blobs as raw frames (tensors as safetensors bytes, tables as Arrow IPC)."""
+
+from __future__ import annotations
+
+from shoal.protocol.schema import Field as F
+from shoal.protocol.schema import MessageType as M
+
+MESSAGES: dict[str, M] = {}
+
+
+def _declare(m: M) -> M:
+    if m.name in MESSAGES:
+        raise ValueError(f"message type {m.name} declared twice")
+    MESSAGES[m.name] = m
+    return m
+
+
+# -- handshake and control ---------------------------------------------------------------
+HELLO = _declare(M("Hello", "A peer introduces itself; answered by Ready or Error.", (
+    F("role", "str"), F("node_id", "str"), F("model", "str", ""), F("capabilities", "dict", dict))))
+READY = _declare(M("Ready", "The handshake succeeded: the receiver's own identity.", (
+    F("role", "str"), F("node_id", "str"), F("model", "str", ""))))
+ERROR = _declare(M("Error", "A request failed; `code` is machine-readable, `message` names the problem.", (
+    F("code", "str"), F("message", "str"), F("about", "str", ""))))
+PING = _declare(M("Ping", "Liveness and control-latency probe; answered by Pong.", (F("sent_at", "float", 0.0),)))
+PONG = _declare(M("Pong", "Reply to Ping, echoing its send time.", (F("sent_at", "float", 0.0),)))
+
+# -- jobs: client <-> router -------------------------------------------------------------
+SUBMIT_JOB = _declare(M("SubmitJob", "Run a program over items; idempotent on job_key.", (
+    F("job_key", "str"), F("program", "str"), F("params", "dict", dict),
+    F("items", "list", list), F("input_path", "str", "", nullable=True)),
+    blobs=("items_jsonl",)))
+JOB_ACCEPTED = _declare(M("JobAccepted", "The job is durably recorded; duplicate=True if the key was seen before.", (
+    F("job_id", "str"), F("job_key", "str"), F("total", "int", 0), F("duplicate", "bool", False))))
+JOB_STATUS_QUERY = _declare(M("JobStatusQuery", "Ask for a job's status.", (F("job_id", "str"),)))
+JOB_STATUS = _declare(M("JobStatus", "A job's state and counts.", (
+    F("job_id", "str"), F("state", "str"), F("total", "int", 0), F("done", "int", 0), F("failed", "int", 0),
+    F("tokens_per_s", "float", 0.0))))
+SUBSCRIBE = _declare(M("Subscribe", "Stream a job's results from an offset (resumable).", (
+    F("job_id", "str"), F("offset", "int", 0))))
+RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `offset` in its result log.", (
+    F("job_id", "str"), F("offset", "int"), F("records", "list"), F("final", "bool", False))))
+CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (F("job_id", "str"),)))
+
+# -- placement: scheduler <-> worker -------------------------------------------------------
+ASSIGN = _declare(M("AssignSequences", "Sequences for a worker to run; carries the leader's epoch.", (
+    F("epoch", "int"), F("job_id", "str"), F("sequences", "list"))))
+PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids, counters, load.", (
+    F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict))))
+SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (protocol/sequence_state.py), KV optional.", (
+    F("state", "dict"),), blobs=("kv",)))
+
+# -- results: worker -> storage ------------------------------------------------------------
+WRITE_RESULTS = _declare(M("WriteResults", "Result records to persist; first writer wins per item id.", (
+    F("job_id", "str"), F("records", "list"))))
+WRITE_ACK = _declare(M("WriteAck", "Records are durable (after group commit).", (
+    F("job_id", "str"), F("written", "int"), F("duplicates", "int", 0))))
