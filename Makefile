@@ -9,7 +9,7 @@ DEMO_DIR ?= demo-out
 # any torch >= 2.4 so a GPU host keeps its CUDA build.
 $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[worker,dev]"
+	$(PY) -m pip install -q -e ".[worker,node,dev]"
 	@mkdir -p .make && touch $(STAMP)
 
 install: $(STAMP)

@@ -47,3 +47,22 @@ def isolated_state_dir(tmp_path_factory):
         os.environ.pop("SHOAL_STATE_DIR", None)
     else:
         os.environ["SHOAL_STATE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(tmp_path_factory):
+    """One real etcd for the whole test session, on a free loopback port."""
+    from shoal.etcd_server import EtcdServer
+
+    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
+    yield server.endpoint
+    server.stop()
+
+
+@pytest.fixture
+def cluster_name(request):
+    """A cluster of its own for each test, under the shared etcd."""
+    import re
+    import uuid
+
+    return re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name)[:40] + "-" + uuid.uuid4().hex[:6]

@@ -1,0 +1,199 @@
+"""Membership in etcd: the one module that talks to etcd (through the `etcd3` API of
+python3-etcd3).
+
+A node registers `/shoal/<cluster>/members/<role>/<node_id>` under a lease that a
+keep-alive thread refreshes. The node keeps its own lease deadline (last successful
+refresh + TTL): in a partition etcd may already have expired the lease while the
+client still looks alive, so `alive()` trusts only that deadline. Watchers list the
+prefix, then watch from the next revision, and list again when the watch reports that
+etcd compacted the revisions it needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import etcd3
+import etcd3.watch
+import orjson
+
+log = logging.getLogger(__name__)
+
+# python3-etcd3 0.13.0 calls `six.itervalues` when a watch stream fails but no longer
+# imports six, so the failure never reaches the callbacks (and a watcher would silently
+# stop). Give it what it expects.
+if not hasattr(etcd3.watch, "six"):
+    import types
+
+    etcd3.watch.six = types.SimpleNamespace(itervalues=lambda d: iter(list(d.values())))
+
+
+def members_prefix(cluster: str, role: str | None = None) -> str:
+    return f"/shoal/{cluster}/members/" + (f"{role}/" if role else "")
+
+
+def connect(endpoint: str, timeout: float = 5.0):
+    host, _, port = endpoint.rpartition(":")
+    return etcd3.client(host or "127.0.0.1", int(port), timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Member:
+    role: str
+    node_id: str
+    info: dict
+
+
+def _member(key: bytes, value: bytes) -> Member:
+    parts = key.decode().split("/")
+    return Member(parts[-2], parts[-1], orjson.loads(value))
+
+
+class Registration:
+    """This node's membership record and the lease behind it."""
+
+    def __init__(self, endpoint: str, cluster: str, role: str, node_id: str, info: dict, ttl: int = 3):
+        if ttl < 2:
+            raise ValueError("etcd grants leases of at least 2 s")
+        self.endpoint, self.cluster, self.role, self.node_id = endpoint, cluster, role, node_id
+        self.info = info
+        self.ttl = ttl
+        self.key = members_prefix(cluster, role) + node_id
+        self.client = connect(endpoint)
+        self.lease = None
+        self.deadline = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_lost: Callable[[], None] | None = None
+
+    def start(self) -> "Registration":
+        self._grant()
+        self._thread = threading.Thread(target=self._keep_alive, name=f"lease-{self.node_id}", daemon=True)
+        self._thread.start()
+        log.info("[join] %s %s registered at %s", self.role, self.node_id, self.key)
+        return self
+
+    def _grant(self) -> None:
+        t = time.monotonic()
+        self.lease = self.client.lease(self.ttl)
+        self.client.put(self.key, orjson.dumps(self.info), lease=self.lease)
+        self.deadline = t + self.ttl
+
+    def alive(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def _keep_alive(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            t = time.monotonic()
+            try:
+                resp = self.lease.refresh()
+                if resp and resp[0].TTL > 0:
+                    self.deadline = t + resp[0].TTL
+                    continue
+                log.warning("[lease] %s: lease expired in etcd; registering again", self.node_id)
+                self._grant()
+            except Exception as e:  # etcd away: keep trying; our deadline decides liveness
+                if not self.alive():
+                    log.warning("[lease] %s: past own lease deadline (%s)", self.node_id, e)
+                    if self.on_lost:
+                        self.on_lost()
+
+    def stop(self, revoke: bool = True) -> None:
+        """Leave: with `revoke`, the record vanishes now instead of at lease expiry."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=self.ttl)
+        if revoke and self.lease is not None:
+            try:
+                self.lease.revoke()
+            except Exception as e:
+                log.warning("[leave] %s: could not revoke lease: %s", self.node_id, e)
+        self.deadline = 0.0
+        log.info("[leave] %s %s", self.role, self.node_id)
+
+
+class MemberView:
+    """The live set of members under a cluster's prefix, kept current by a watch."""
+
+    def __init__(self, endpoint: str, cluster: str, on_change: Callable[[dict], None] | None = None):
+        self.client = connect(endpoint)
+        self.prefix = members_prefix(cluster)
+        self.on_change = on_change
+        self.members: dict[str, Member] = {}
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self._watch_id = None
+        self.relists = 0
+
+    def start(self) -> "MemberView":
+        self._relist()
+        return self
+
+    def _relist(self) -> None:
+        resp = self.client.get_prefix_response(self.prefix)
+        members = {kv.key.decode(): _member(kv.key, kv.value) for kv in resp.kvs}
+        with self.lock:
+            self.members = members
+            self.changed.notify_all()
+        self.relists += 1
+        if self._watch_id is not None:
+            self.client.cancel_watch(self._watch_id)
+        self._watch_id = self.client.add_watch_prefix_callback(
+            self.prefix, self._on_watch, start_revision=resp.header.revision + 1)
+        self._notify()
+
+    def _on_watch(self, event) -> None:
+        if isinstance(event, etcd3.exceptions.RevisionCompactedError):
+            log.info("[watch] revisions compacted at %s; listing again", event.compacted_revision)
+            threading.Thread(target=self._relist, daemon=True).start()
+            return
+        if isinstance(event, Exception):
+            log.warning("[watch] %s; listing again", event)
+            threading.Thread(target=self._relist_after_pause, daemon=True).start()
+            return
+        with self.lock:
+            for ev in event.events:
+                key = ev.key.decode()
+                if isinstance(ev, etcd3.events.DeleteEvent):
+                    self.members.pop(key, None)
+                else:
+                    self.members[key] = _member(ev.key, ev.value)
+            self.changed.notify_all()
+        self._notify()
+
+    def _relist_after_pause(self) -> None:
+        time.sleep(0.5)
+        try:
+            self._relist()
+        except Exception as e:
+            log.warning("[watch] relist failed: %s", e)
+
+    def _notify(self) -> None:
+        if self.on_change:
+            self.on_change(self.snapshot())
+
+    def snapshot(self, role: str | None = None) -> dict[str, Member]:
+        with self.lock:
+            return {m.node_id: m for m in self.members.values() if role is None or m.role == role}
+
+    def wait_for(self, predicate: Callable[[dict], bool], timeout: float) -> bool:
+        """Waits (on watch events, not sleeps) until predicate(snapshot) holds."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while not predicate({m.node_id: m for m in self.members.values()}):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+            return True
+
+    def stop(self) -> None:
+        if self._watch_id is not None:
+            try:
+                self.client.cancel_watch(self._watch_id)
+            except Exception:
+                pass

