@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.set_defaults(fn=cmd_generate)
 
+    n = sub.add_parser("node", help="run one node of a cluster in this process (roles so far: storage)")
+    n.add_argument("role", choices=["storage"])
+    n.add_argument("rest", nargs=argparse.REMAINDER, help="the role's own options (--dir, --bind, --etcd, ...)")
+    n.set_defaults(fn=lambda a: __import__("shoal.nodes.storage", fromlist=["main"]).main(a.rest))
+
     c = sub.add_parser("calibrate", help="measure the step cost model on this device (cached per model, dtype, device)")
     c.add_argument("--model", required=True)
     c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -1,0 +1,133 @@
+"""What every node shares: a ROUTER socket, a message-type → handler table, the
+hello/ready handshake, Error replies for anything malformed, counters, and membership.
+
+A node never dies of a bad message: decoding errors and handler exceptions become
+`Error` replies to the sender and are counted and logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+import zmq
+
+from shoal.nodes import sockets
+from shoal.protocol.codec import Message, decode, encode, error_reply
+from shoal.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    role = "node"
+
+    def __init__(self, node_id: str, bind: str = "tcp://127.0.0.1:0", etcd: str | None = None,
+                 cluster: str = "default", advertise: str | None = None, model: str = "",
+                 max_message_bytes: int = 64 << 20):
+        self.node_id = node_id
+        self.model = model
+        self.ctx = zmq.Context()
+        self.sock, self.address = sockets.router(self.ctx, bind)
+        self.advertise = advertise or self.address
+        self.max_message_bytes = max_message_bytes
+        self.counters: collections.Counter = collections.Counter()
+        self.handlers = {"Hello": self.on_hello, "Ping": self.on_ping, **self.handler_table()}
+        self._stop = threading.Event()
+        self.registration = None
+        if etcd:
+            from shoal.nodes.membership import Registration
+
+            self.registration = Registration(etcd, cluster, self.role, node_id,
+                                             {"address": self.advertise, "model": model}).start()
+
+    def handler_table(self) -> dict:
+        """Message type -> method(Message) returning reply frames or None. One place to
+        see all a node answers."""
+        return {}
+
+    # -- built-in handlers ---------------------------------------------------------------
+
+    def on_hello(self, msg: Message):
+        if self.model and msg["model"] and msg["model"] != self.model:
+            raise ProtocolError(ProtocolError.INVALID_FIELD,
+                                f"peer runs model {msg['model']}, this {self.role} runs {self.model}")
+        return encode("Ready", {"role": self.role, "node_id": self.node_id, "model": self.model}, reply_to=msg.id)
+
+    def on_ping(self, msg: Message):
+        return encode("Pong", {"sent_at": msg["sent_at"]}, reply_to=msg.id)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def dispatch(self, frames: list) -> list | None:
+        """Reply frames for one request (without the routing identity)."""
+        try:
+            msg = decode(frames, self.max_message_bytes)
+        except ProtocolError as e:
+            self.counters[f"errors.{e.code}"] += 1
+            log.warning("[%s %s] bad message: %s", self.role, self.node_id, e)
+            return error_reply(e)
+        self.counters[f"messages.{msg.type}"] += 1
+        handler = self.handlers.get(msg.type)
+        if handler is None:
+            self.counters["errors.unhandled"] += 1
+            return error_reply(ProtocolError(ProtocolError.UNKNOWN_TYPE,
+                                             f"a {self.role} does not handle {msg.type}"), about=msg.type, reply_to=msg.id)
+        try:
+            return handler(msg)
+        except ProtocolError as e:
+            self.counters[f"errors.{e.code}"] += 1
+            return error_reply(e, about=msg.type, reply_to=msg.id)
+        except Exception as e:  # a handler bug fails the request, not the node
+            self.counters["errors.internal"] += 1
+            log.exception("[%s %s] %s failed", self.role, self.node_id, msg.type)
+            return error_reply(ProtocolError("internal", f"{type(e).__name__}: {e}"), about=msg.type, reply_to=msg.id)
+
+    def poll_once(self, timeout_ms: int) -> list[tuple[bytes, list]]:
+        """Receives every request waiting now (after up to timeout_ms for the first)."""
+        got = []
+        if self.sock.poll(timeout_ms):
+            while True:
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                got.append((frames[0].bytes, [f.buffer for f in frames[1:]]))
+        return got
+
+    def send(self, identity: bytes, frames: list) -> None:
+        try:
+            self.sock.send_multipart([identity, *frames])
+        except zmq.ZMQError as e:  # ROUTER_MANDATORY: the peer is gone
+            self.counters["errors.unroutable"] += 1
+            log.info("[%s %s] reply to a vanished peer dropped: %s", self.role, self.node_id, e)
+
+    def handle_batch(self, batch: list[tuple[bytes, list]]) -> None:
+        for identity, frames in batch:
+            reply = self.dispatch(frames)
+            if reply is not None:
+                self.send(identity, reply)
+
+    def serve_forever(self) -> None:
+        log.info("[start] %s %s serving on %s", self.role, self.node_id, self.address)
+        while not self._stop.is_set():
+            if self.registration is not None and not self.registration.alive():
+                self.counters["lease_lost"] += 1
+                time.sleep(0.1)  # past our own lease deadline: take no work
+                continue
+            batch = self.poll_once(100)
+            if batch:
+                self.handle_batch(batch)
+        self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        if self.registration is not None:
+            self.registration.stop()
+        self.sock.close(0)
+        self.ctx.term()
+        log.info("[shutdown] %s %s", self.role, self.node_id)

@@ -1,0 +1,101 @@
+"""The storage node: job results on local disk, written through a WAL with group
+commit, first writer wins, served back from resumable offsets.
+
+Durability domain: this node's disk. A WriteAck is sent only after the fsync that
+covers its records, so an acknowledged result survives a crash of any process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+from pathlib import Path
+
+from shoal.nodes.node import Node
+from shoal.nodes.result_log import ResultLog
+from shoal.protocol.codec import Message, encode
+from shoal.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+READ_LIMIT = 1000  # records per ResultBatch
+_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class StorageNode(Node):
+    role = "storage"
+
+    def __init__(self, node_id: str, data_dir: str | Path, **kw):
+        self.dir = Path(data_dir)
+        self.logs: dict[str, ResultLog] = {}
+        super().__init__(node_id, **kw)
+
+    def handler_table(self) -> dict:
+        return {"WriteResults": self.on_write_results, "Subscribe": self.on_subscribe}
+
+    def _log(self, job_id: str) -> ResultLog:
+        if not _JOB_ID.match(job_id):
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"job_id {job_id!r} is not a valid id")
+        if job_id not in self.logs:
+            self.logs[job_id] = ResultLog(self.dir / "jobs" / job_id / "results.wal")
+        return self.logs[job_id]
+
+    def on_write_results(self, msg: Message):
+        records = msg["records"]
+        bad = next((r for r in records if not isinstance(r, dict) or "id" not in r), None)
+        if bad is not None:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"result record without an id: {str(bad)[:60]}")
+        written, dup = self._log(msg["job_id"]).append(records)
+        self.counters["records.written"] += written
+        self.counters["records.duplicate"] += dup
+        return encode("WriteAck", {"job_id": msg["job_id"], "written": written, "duplicates": dup}, reply_to=msg.id)
+
+    def on_subscribe(self, msg: Message):
+        if msg["offset"] < 0:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "offset must be >= 0")
+        rl = self._log(msg["job_id"])
+        records = rl.read(msg["offset"], READ_LIMIT)
+        return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
+                                      "final": False}, reply_to=msg.id)
+
+    def handle_batch(self, batch) -> None:
+        """Group commit: every WriteResults that arrived together shares one fsync per
+        job log, and their acks go out only after it."""
+        replies = [(identity, self.dispatch(frames)) for identity, frames in batch]
+        for rl in self.logs.values():
+            rl.commit()
+        for identity, reply in replies:
+            if reply is not None:
+                self.send(identity, reply)
+
+    def close(self) -> None:
+        for rl in self.logs.values():
+            rl.close()
+        super().close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="shoal node storage")
+    ap.add_argument("--dir", required=True, help="the node's data directory")
+    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
+    ap.add_argument("--advertise")
+    ap.add_argument("--etcd", help="HOST:PORT of etcd; without it the node does not register")
+    ap.add_argument("--cluster", default="default")
+    ap.add_argument("--node-id", default=None)
+    args = ap.parse_args(argv)
+    import os
+
+    node_id = args.node_id or f"storage-{os.getpid()}"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s storage {node_id} %(levelname)s %(message)s")
+    node = StorageNode(node_id, args.dir, bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    signal.signal(signal.SIGINT, lambda *_: node.stop())
+    print(f"storage: {node.address}", flush=True)
+    node.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

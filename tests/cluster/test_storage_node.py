@@ -1,0 +1,116 @@
+"""The storage node as a real process: handshake, first-writer-wins writes acknowledged
+after fsync, resumable reads, survival of kill -9, and an Error for every kind of bad
+message while it keeps serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import orjson
+import pytest
+
+from shoal.nodes.membership import MemberView
+from shoal.rpc import RemoteError, RpcClient
+
+
+def start_storage(data_dir, etcd=None, cluster="default"):
+    cmd = [sys.executable, "-m", "shoal.nodes.storage", "--dir", str(data_dir), "--node-id", "st-1"]
+    if etcd:
+        cmd += ["--etcd", etcd, "--cluster", cluster]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline().strip()
+    assert line.startswith("storage: tcp://"), line
+    return proc, line.split(" ", 1)[1]
+
+
+@pytest.fixture
+def storage(tmp_path, etcd_endpoint, cluster_name):
+    proc, address = start_storage(tmp_path / "st", etcd_endpoint, cluster_name)
+    yield proc, address
+    proc.kill()
+    proc.wait()
+
+
+def test_handshake_write_read_and_membership(storage, etcd_endpoint, cluster_name):
+    proc, address = storage
+    view = MemberView(etcd_endpoint, cluster_name).start()
+    assert view.wait_for(lambda m: "st-1" in m, timeout=5)
+    assert view.snapshot("storage")["st-1"].info["address"] == address
+    c = RpcClient(address)
+    ready = c.request("Hello", {"role": "client", "node_id": "t"})
+    assert (ready["role"], ready["node_id"]) == ("storage", "st-1")
+    ack = c.request("WriteResults", {"job_id": "j1", "records": [{"id": 1, "text": "a"}, {"id": 2, "text": "b"}]})
+    assert (ack["written"], ack["duplicates"]) == (2, 0)
+    ack = c.request("WriteResults", {"job_id": "j1", "records": [{"id": 2, "text": "dup"}, {"id": 3, "text": "c"}]})
+    assert (ack["written"], ack["duplicates"]) == (1, 1)
+    batch = c.request("Subscribe", {"job_id": "j1", "offset": 1})
+    assert [r["text"] for r in batch["records"]] == ["b", "c"]
+    with pytest.raises(RemoteError, match="not a valid id"):
+        c.request("Subscribe", {"job_id": "../etc", "offset": 0})
+    view.stop()
+
+
+def test_acknowledged_results_survive_kill_9(tmp_path):
+    proc, address = start_storage(tmp_path / "st")
+    c = RpcClient(address)
+    for i in range(20):
+        c.request("WriteResults", {"job_id": "j2", "records": [{"id": i, "text": str(i)}]})
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc2, address2 = start_storage(tmp_path / "st")
+    try:
+        got = RpcClient(address2).request("Subscribe", {"job_id": "j2", "offset": 0})["records"]
+        assert [r["id"] for r in got] == list(range(20))
+    finally:
+        proc2.kill()
+        proc2.wait()
+
+
+def header(**over):
+    h = {"v": [1, 0], "type": "Ping", "id": "x", "re": None, "blobs": [], "f": {}}
+    h.update(over)
+    return orjson.dumps(h)
+
+
+BAD = {
+    "garbage": ([b"\x00\xffnot json at all"], "malformed"),
+    "empty frame": ([b""], "malformed"),
+    "wrong major": ([header(v=[9, 0])], "bad_version"),
+    "unknown type": ([header(type="FormatDisk")], "unknown_type"),
+    "huge header": ([b"{" + b" " * (2 << 20) + b"}"], "too_large"),
+    "wrong blob count": ([header(), b"stray blob"], "blob_count"),
+    "unhandled type": ([header(type="AssignSequences", f={"epoch": 1, "job_id": "j", "sequences": []})], "unknown_type"),
+    "bad field": ([header(type="WriteResults", f={"job_id": "j", "records": [{"no_id": 1}]})], "invalid_field"),
+}
+
+
+def test_bad_messages_get_errors_while_a_job_writes(storage):
+    proc, address = storage
+    # A "job" writing results the whole time the bad messages arrive.
+    stop = threading.Event()
+    written = []
+
+    def writer():
+        c = RpcClient(address)
+        i = 0
+        while not stop.is_set() and i < 900:  # one Subscribe page reads them all back
+            c.request("WriteResults", {"job_id": "live", "records": [{"id": i}]})
+            written.append(i)
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    c = RpcClient(address)
+    for name, (frames, code) in BAD.items():
+        reply = c.raw(frames)
+        assert reply.type == "Error" and reply["code"] == code, (name, reply.fields)
+        assert c.request("Ping", {"sent_at": 1.0})["sent_at"] == 1.0  # still serving
+    stop.set()
+    t.join()
+    assert proc.poll() is None and len(written) > 0
+    got = c.request("Subscribe", {"job_id": "live", "offset": 0})["records"]
+    assert [r["id"] for r in got] == written[: len(got)] and len(got) == len(written)

@@ -1,0 +1,24 @@
+from shoal.nodes.result_log import ResultLog
+
+
+def test_first_writer_wins_and_offsets(tmp_path):
+    log = ResultLog(tmp_path / "r.wal")
+    assert log.append([{"id": 1, "text": "a"}, {"id": "x", "text": "b"}]) == (2, 0)
+    assert log.append([{"id": 1, "text": "late duplicate"}, {"id": 2, "text": "c"}]) == (1, 1)
+    log.commit()
+    assert [r["text"] for r in log.read(0, 10)] == ["a", "b", "c"]
+    assert [r["id"] for r in log.read(1, 1)] == ["x"]
+    assert log.read(3, 5) == []
+
+
+def test_recovery_cuts_a_torn_tail(tmp_path):
+    path = tmp_path / "r.wal"
+    log = ResultLog(path)
+    log.append([{"id": i} for i in range(3)])
+    log.close()
+    with open(path, "ab") as fh:
+        fh.write(b'{"id": 99, "tex')  # a crash mid-write
+    again = ResultLog(path)
+    assert len(again) == 3 and again.append([{"id": 2}, {"id": 3}]) == (1, 1)
+    again.commit()
+    assert [r["id"] for r in again.read(0, 10)] == [0, 1, 2, 3]
