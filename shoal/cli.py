@@ -71,6 +71,9 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+NODE_MAINS = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="shoal", description="Batch inference for iterative retrieval workloads")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -94,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.set_defaults(fn=cmd_generate)
 
-    n = sub.add_parser("node", help="run one node of a cluster in this process (roles so far: storage)")
-    n.add_argument("role", choices=["storage"])
+    n = sub.add_parser("node", help="run one node of a cluster in this process (roles so far: storage, worker)")
+    n.add_argument("role", choices=sorted(NODE_MAINS))
     n.add_argument("rest", nargs=argparse.REMAINDER, help="the role's own options (--dir, --bind, --etcd, ...)")
-    n.set_defaults(fn=lambda a: __import__("shoal.nodes.storage", fromlist=["main"]).main(a.rest))
+    n.set_defaults(fn=lambda a: __import__(NODE_MAINS[a.role], fromlist=["main"]).main(a.rest))
 
     c = sub.add_parser("calibrate", help="measure the step cost model on this device (cached per model, dtype, device)")
     c.add_argument("--model", required=True)

@@ -1,0 +1,180 @@
+"""The worker node: the engine on a compute thread, sockets on the IO thread.
+
+The IO thread (the node loop) answers Hello, Ping, StatsQuery and AssignSequences at
+once, whatever the model is doing: assignments go into an inbox the compute thread
+drains between steps. Finished sequences go to a result-writer thread that sends them
+to storage and retries until storage acknowledges them (at-least-once; storage keeps
+the first copy), so a result is never dropped between the engine and the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+
+from shoal.nodes.node import Node
+from shoal.protocol.codec import Message, encode
+from shoal.protocol.errors import ProtocolError
+from shoal.rpc import RemoteError, RpcClient
+from shoal.sampling import RequestError, SamplingParams
+
+log = logging.getLogger(__name__)
+
+WRITE_BATCH = 256
+WRITE_TIMEOUT_S = 10.0
+
+
+class WorkerNode(Node):
+    role = "worker"
+
+    def __init__(self, node_id: str, engine, storage: str, **kw):
+        self.engine = engine
+        self.storage = storage
+        self.inbox: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()
+        self.step_times: list[float] = []
+        self._engine_snapshot: dict = {}
+        super().__init__(node_id, model=engine.fingerprint, **kw)
+        self._compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name="result-writer", daemon=True)
+        self._compute.start()
+        self._writer.start()
+
+    def handler_table(self) -> dict:
+        return {"AssignSequences": self.on_assign, "StatsQuery": self.on_stats}
+
+    # -- IO thread -------------------------------------------------------------------------
+
+    def on_assign(self, msg: Message):
+        seqs = msg["sequences"]
+        for s in seqs:
+            if not isinstance(s, dict) or "seq_id" not in s:
+                raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
+        self.inbox.put((msg["job_id"], seqs))
+        self.counters["sequences.assigned"] += len(seqs)
+        return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
+
+    def on_stats(self, msg: Message):
+        stats = {"counters": dict(self.counters), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
+                 **self._engine_snapshot}
+        return encode("Stats", {"role": self.role, "node_id": self.node_id, "stats": stats}, reply_to=msg.id)
+
+    # -- compute thread --------------------------------------------------------------------
+
+    def _admit(self, job_id: str, seqs: list[dict]) -> None:
+        for s in seqs:
+            sid = s["seq_id"]
+            try:
+                params = SamplingParams.from_dict(s.get("params", {}))
+                self.engine.add_request((job_id, sid), prompt=s.get("prompt"),
+                                        prompt_token_ids=s.get("prompt_token_ids"), params=params)
+            except (RequestError, TypeError, ValueError) as e:
+                # Refused input is a result too: the job records the error, nothing is lost.
+                self.results.put((job_id, {"id": sid, "error": str(e), "finish_reason": "error"}))
+                self.counters["sequences.refused"] += 1
+
+    def _drain_inbox(self) -> None:
+        """Admits every waiting assignment; waits briefly for one when the engine is idle."""
+        try:
+            item = self.inbox.get(timeout=0.1) if not self.engine.has_unfinished() else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._admit(*item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _compute_loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox()
+            if not self.engine.has_unfinished():
+                continue
+            t = time.perf_counter()
+            try:
+                finished = self.engine.step()
+            except Exception:  # an engine bug must not silently stop the worker
+                self.counters["errors.step"] += 1
+                log.exception("[step] engine step failed")
+                time.sleep(0.5)
+                continue
+            for out in finished:
+                job_id, sid = out.seq_id
+                rec = {"id": sid, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
+                if out.margins:
+                    rec["margins"] = out.margins
+                self.results.put((job_id, rec))
+            self.step_times.append(time.perf_counter() - t)
+            self._engine_snapshot = {"engine": self.engine.stats_snapshot()}
+
+    # -- result writer thread ----------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        client = None
+        while not self._stop.is_set():
+            try:
+                first = self.results.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while len(batch) < WRITE_BATCH:
+                try:
+                    batch.append(self.results.get_nowait())
+                except queue.Empty:
+                    break
+            by_job: dict[str, list] = {}
+            for job_id, rec in batch:
+                by_job.setdefault(job_id, []).append(rec)
+            for job_id, records in by_job.items():
+                while not self._stop.is_set():
+                    try:
+                        client = client or RpcClient(self.storage, self.ctx)
+                        client.request("WriteResults", {"job_id": job_id, "records": records}, timeout=WRITE_TIMEOUT_S)
+                        self.counters["results.written"] += len(records)
+                        break
+                    except (TimeoutError, RemoteError, OSError) as e:
+                        # A lost reply leaves the DEALER out of step: start a fresh one.
+                        log.warning("[write] %d results for %s not acknowledged (%s); retrying", len(records), job_id, e)
+                        if client is not None:
+                            client.close()
+                        client = None
+                        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="shoal node worker")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--storage", required=True, help="the storage node's address")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
+    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
+    ap.add_argument("--advertise")
+    ap.add_argument("--etcd")
+    ap.add_argument("--cluster", default="default")
+    ap.add_argument("--node-id")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
+    ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
+    args = ap.parse_args(argv)
+    node_id = args.node_id or f"worker-{os.getpid()}"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker {node_id} %(levelname)s %(message)s")
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+
+    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
+                                                max_num_batched_tokens=args.budget))
+    node = WorkerNode(node_id, engine, args.storage, bind=args.bind, etcd=args.etcd, cluster=args.cluster,
+                      advertise=args.advertise)
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    signal.signal(signal.SIGINT, lambda *_: node.stop())
+    print(f"worker: {node.address}", flush=True)
+    node.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
