@@ -1,0 +1,108 @@
+"""Leader election for the scheduler, in etcd.
+
+A candidate creates `/shoal/<cluster>/leader` under its own lease in one transaction
+that succeeds only if the key does not exist. The key's create revision is the
+leader's epoch: it only grows, so every command a leader sends carries an epoch that
+workers and storage can compare, and a frozen old leader's commands (smaller epoch)
+are refused. The leader keeps its own lease deadline and stops acting as leader when it
+passes, whatever etcd's client thinks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import etcd3
+
+from shoal.nodes.membership import connect
+
+log = logging.getLogger(__name__)
+
+
+def leader_key(cluster: str) -> str:
+    return f"/shoal/{cluster}/leader"
+
+
+class Election:
+    def __init__(self, endpoint: str, cluster: str, node_id: str, ttl: int = 3):
+        self.client = connect(endpoint)
+        self.key = leader_key(cluster)
+        self.node_id = node_id
+        self.ttl = ttl
+        self.lease = None
+        self.epoch = 0
+        self.deadline = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def campaign(self) -> bool:
+        """One attempt; True if this node is now the leader."""
+        t = time.monotonic()
+        lease = self.client.lease(self.ttl)
+        ok, _ = self.client.transaction(
+            compare=[self.client.transactions.create(self.key) == 0],
+            success=[self.client.transactions.put(self.key, self.node_id, lease)],
+            failure=[])
+        if not ok:
+            lease.revoke()
+            return False
+        _, meta = self.client.get(self.key)
+        self.lease, self.epoch, self.deadline = lease, meta.create_revision, t + self.ttl
+        self._thread = threading.Thread(target=self._keep_alive, name="leader-lease", daemon=True)
+        self._thread.start()
+        log.info("[leader] %s elected, epoch %d", self.node_id, self.epoch)
+        return True
+
+    def wait_for_leadership(self, timeout: float | None = None) -> bool:
+        """Campaigns until elected (waking when the leader key is deleted)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self._stop.is_set():
+            if self.campaign():
+                return True
+            gone = threading.Event()
+            watch_id = self.client.add_watch_callback(
+                self.key, lambda ev: gone.set() if isinstance(ev, Exception) or any(
+                    isinstance(e, etcd3.events.DeleteEvent) for e in ev.events) else None)
+            try:
+                if self.client.get(self.key)[0] is None:
+                    continue  # vanished before the watch started
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                gone.wait(left if left is not None else None)
+            finally:
+                self.client.cancel_watch(watch_id)
+        return False
+
+    def is_leader(self) -> bool:
+        return self.lease is not None and time.monotonic() < self.deadline
+
+    def current(self) -> tuple[str | None, int]:
+        """(leader node id, epoch) as etcd sees it now."""
+        value, meta = self.client.get(self.key)
+        return (value.decode(), meta.create_revision) if value is not None else (None, 0)
+
+    def _keep_alive(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            t = time.monotonic()
+            try:
+                resp = self.lease.refresh()
+                if resp and resp[0].TTL > 0:
+                    self.deadline = t + resp[0].TTL
+                else:
+                    log.warning("[leader] %s lost its lease (epoch %d)", self.node_id, self.epoch)
+                    self.deadline = 0.0
+                    return
+            except Exception as e:
+                log.warning("[leader] lease refresh failed: %s", e)
+
+    def resign(self) -> None:
+        self._stop.set()
+        if self.lease is not None:
+            try:
+                self.lease.revoke()
+            except Exception:
+                pass
+        self.lease, self.deadline = None, 0.0

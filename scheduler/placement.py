@@ -1,0 +1,46 @@
+"""Admission and placement: which worker runs which pending sequence. Pure.
+
+Each worker reports its free KV tokens, how many sequences it holds and its queue bound;
+its speed comes from its published calibration (1/β_d: decode tokens per second per
+sequence-step). A sequence goes to the worker that would finish its queue soonest
+counting it — (held + 1) / speed —, never past a worker's queue bound or its free KV
+(a sequence's KV need is its prompt plus its max_tokens). What fits nowhere stays
+pending for the next round, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    node_id: str
+    free_kv_tokens: int
+    held: int  # sequences assigned and not yet finished
+    max_held: int
+    speed: float = 1.0  # relative throughput (from the calibration); >0
+
+
+@dataclass(frozen=True)
+class PendingSeq:
+    seq_id: object
+    kv_tokens: int  # prompt + max_tokens
+
+
+def place(pending: list[PendingSeq], workers: list[WorkerLoad]) -> tuple[dict[str, list], list]:
+    """Returns ({node_id: [seq_id, ...]}, still pending)."""
+    held = {w.node_id: w.held for w in workers}
+    free = {w.node_id: w.free_kv_tokens for w in workers}
+    out: dict[str, list] = {w.node_id: [] for w in workers}
+    left = []
+    for seq in pending:
+        fits = [w for w in workers if held[w.node_id] < w.max_held and free[w.node_id] >= seq.kv_tokens]
+        if not fits:
+            left.append(seq)
+            continue
+        best = min(fits, key=lambda w: ((held[w.node_id] + 1) / max(w.speed, 1e-9), -free[w.node_id], w.node_id))
+        out[best.node_id].append(seq.seq_id)
+        held[best.node_id] += 1
+        free[best.node_id] -= seq.kv_tokens
+    return {k: v for k, v in out.items() if v}, left
