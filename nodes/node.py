@@ -26,7 +26,7 @@ class Node:
 
     def __init__(self, node_id: str, bind: str = "tcp://127.0.0.1:0", etcd: str | None = None,
                  cluster: str = "default", advertise: str | None = None, model: str = "",
-                 max_message_bytes: int = 64 << 20):
+                 max_message_bytes: int = 64 << 20, info: dict | None = None):
         self.node_id = node_id
         self.model = model
         self.ctx = zmq.Context()
@@ -41,7 +41,8 @@ class Node:
             from shoal.nodes.membership import Registration
 
             self.registration = Registration(etcd, cluster, self.role, node_id,
-                                             {"address": self.advertise, "model": model}).start()
+                                             {"address": self.advertise, "model": model, **(info or {})}).start()
+        self.etcd, self.cluster = etcd, cluster
 
     def handler_table(self) -> dict:
         """Message type -> method(Message) returning reply frames or None. One place to
@@ -120,7 +121,11 @@ class Node:
             batch = self.poll_once(100)
             if batch:
                 self.handle_batch(batch)
+            self.tick()
         self.close()
+
+    def tick(self) -> None:
+        """Called every loop turn (at least every 100 ms): periodic work of a role."""
 
     def stop(self) -> None:
         self._stop.set()

@@ -46,14 +46,16 @@ CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (
 
 # -- placement: scheduler <-> worker -------------------------------------------------------
 ASSIGN = _declare(M("AssignSequences", "Sequences for a worker to run; carries the leader's epoch.", (
-    F("epoch", "int"), F("job_id", "str"), F("sequences", "list"))))
+    F("epoch", "int"), F("job_id", "str"), F("sequences", "list"), F("report_to", "str", ""),
+    F("storage", "str", ""))))
 ASSIGN_ACK = _declare(M("AssignAck", "Which assigned sequences a worker took; refused ones carry their error.", (
     F("job_id", "str"), F("accepted", "int"), F("refused", "list", list))))
 STATS_QUERY = _declare(M("StatsQuery", "Ask a node for its counters.", ()))
 STATS = _declare(M("Stats", "A node's counters, queue depths and engine state.", (
     F("role", "str"), F("node_id", "str"), F("stats", "dict"))))
-PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids, counters, load.", (
-    F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict))))
+PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids (stored), counters, load.", (
+    F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict), F("job_id", "str", ""))))
+PROGRESS_ACK = _declare(M("ProgressAck", "The scheduler took a ProgressReport.", (F("epoch", "int", 0),)))
 SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (protocol/sequence_state.py), KV optional.", (
     F("state", "dict"),), blobs=("kv",)))
 

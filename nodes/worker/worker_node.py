@@ -32,14 +32,17 @@ WRITE_TIMEOUT_S = 10.0
 class WorkerNode(Node):
     role = "worker"
 
-    def __init__(self, node_id: str, engine, storage: str, **kw):
+    def __init__(self, node_id: str, engine, storage: str = "", **kw):
         self.engine = engine
-        self.storage = storage
+        self.storage = storage  # default storage; an assignment may name its job's own
+        self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
         self.inbox: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()
         self.step_times: list[float] = []
         self._engine_snapshot: dict = {}
-        super().__init__(node_id, model=engine.fingerprint, **kw)
+        cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
+               "calibration": engine.cost_model.to_dict() if engine.cost_model else None}
+        super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self._compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name="result-writer", daemon=True)
         self._compute.start()
@@ -55,6 +58,11 @@ class WorkerNode(Node):
         for s in seqs:
             if not isinstance(s, dict) or "seq_id" not in s:
                 raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
+        job = self.jobs.setdefault(msg["job_id"], {})
+        job["storage"] = msg["storage"] or job.get("storage") or self.storage
+        job["report_to"] = msg["report_to"] or job.get("report_to", "")
+        if not job["storage"]:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "no storage node for this job: start with --storage or assign with storage")
         self.inbox.put((msg["job_id"], seqs))
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
@@ -115,8 +123,25 @@ class WorkerNode(Node):
 
     # -- result writer thread ----------------------------------------------------------------
 
+    def _rpc(self, clients: dict, address: str) -> RpcClient:
+        if address not in clients:
+            clients[address] = RpcClient(address, self.ctx)
+        return clients[address]
+
+    def _deliver(self, clients: dict, address: str, msg_type: str, fields: dict, what: str) -> None:
+        """Sends until acknowledged (the receiver deduplicates by id)."""
+        while not self._stop.is_set():
+            try:
+                self._rpc(clients, address).request(msg_type, fields, timeout=WRITE_TIMEOUT_S)
+                return
+            except (TimeoutError, RemoteError, OSError) as e:
+                # A lost reply leaves the DEALER out of step: start a fresh one.
+                log.warning("[deliver] %s to %s not acknowledged (%s); retrying", what, address, e)
+                clients.pop(address).close()
+                time.sleep(0.5)
+
     def _write_loop(self) -> None:
-        client = None
+        clients: dict[str, RpcClient] = {}
         while not self._stop.is_set():
             try:
                 first = self.results.get(timeout=0.1)
@@ -132,25 +157,26 @@ class WorkerNode(Node):
             for job_id, rec in batch:
                 by_job.setdefault(job_id, []).append(rec)
             for job_id, records in by_job.items():
-                while not self._stop.is_set():
-                    try:
-                        client = client or RpcClient(self.storage, self.ctx)
-                        client.request("WriteResults", {"job_id": job_id, "records": records}, timeout=WRITE_TIMEOUT_S)
-                        self.counters["results.written"] += len(records)
-                        break
-                    except (TimeoutError, RemoteError, OSError) as e:
-                        # A lost reply leaves the DEALER out of step: start a fresh one.
-                        log.warning("[write] %d results for %s not acknowledged (%s); retrying", len(records), job_id, e)
-                        if client is not None:
-                            client.close()
-                        client = None
-                        time.sleep(0.5)
+                job = self.jobs.get(job_id, {})
+                self._deliver(clients, job.get("storage") or self.storage, "WriteResults",
+                              {"job_id": job_id, "records": records}, f"{len(records)} results of {job_id}")
+                self.counters["results.written"] += len(records)
+                if job.get("report_to"):
+                    # Only stored results are reported done: the scheduler never counts
+                    # an item that a crash could still lose.
+                    self._deliver(clients, job["report_to"], "ProgressReport",
+                                  {"node_id": self.node_id, "job_id": job_id, "finished": [r["id"] for r in records],
+                                   "stats": {"held": self.held()}}, f"progress of {job_id}")
+
+    def held(self) -> int:
+        """Sequences this worker holds: queued in the inbox or in the engine."""
+        return sum(len(seqs) for _, seqs in list(self.inbox.queue)) + len(self.engine.seqs)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="shoal node worker")
     ap.add_argument("--model", required=True)
-    ap.add_argument("--storage", required=True, help="the storage node's address")
+    ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--bind", default="tcp://127.0.0.1:0")

@@ -1,0 +1,132 @@
+"""The router node: the cluster's front door for clients.
+
+It validates a job, hands it to the scheduler leader (which is idempotent on the job
+key), records the key → job id durably in its own directory, and answers status and
+result reads (results come from storage by offset, so a client resumes where it was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from pathlib import Path
+
+import orjson
+
+from shoal.nodes.leader import Election
+from shoal.nodes.membership import MemberView
+from shoal.nodes.node import Node
+from shoal.protocol.codec import Message, encode
+from shoal.protocol.errors import ProtocolError
+from shoal.rpc import RemoteError, RpcClient
+
+log = logging.getLogger(__name__)
+
+
+class RouterNode(Node):
+    role = "router"
+
+    def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default", **kw):
+        super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
+        self.view = MemberView(etcd, cluster).start()
+        self.leader = Election(etcd, cluster, node_id)  # only to read who leads
+        self.dir = Path(data_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keys_path = self.dir / "job_keys.jsonl"
+        self.keys: dict[str, str] = {}
+        if self.keys_path.exists():
+            for line in self.keys_path.read_bytes().splitlines():
+                try:
+                    rec = orjson.loads(line)
+                    self.keys[rec["key"]] = rec["job_id"]
+                except (orjson.JSONDecodeError, KeyError):
+                    break  # a torn last line
+        self.keys_file = open(self.keys_path, "ab")
+        self.clients: dict[str, RpcClient] = {}
+
+    def handler_table(self) -> dict:
+        return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
+                "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel}
+
+    def _client(self, address: str) -> RpcClient:
+        if address not in self.clients:
+            self.clients[address] = RpcClient(address, self.ctx)
+        return self.clients[address]
+
+    def _forward(self, address: str, msg: Message, timeout: float = 30.0) -> Message:
+        try:
+            return self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout)
+        except RemoteError as e:
+            raise ProtocolError(e.code, str(e)) from None
+        except TimeoutError:
+            self.clients.pop(address).close()
+            raise ProtocolError("unavailable", f"{address} did not answer {msg.type}") from None
+
+    def _scheduler(self) -> str:
+        leader, _ = self.leader.current()
+        member = self.view.snapshot("scheduler").get(leader) if leader else None
+        if member is None:
+            raise ProtocolError("unavailable", "no scheduler leader right now; retry")
+        return member.info["address"]
+
+    def _storage(self) -> str:
+        member = next(iter(self.view.snapshot("storage").values()), None)
+        if member is None:
+            raise ProtocolError("unavailable", "no storage node in the cluster")
+        return member.info["address"]
+
+    def on_submit(self, msg: Message):
+        if not msg["job_key"]:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "job_key must not be empty")
+        if msg["input_path"] or msg.blobs:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "input by path or upload is not supported yet; send items")
+        reply = self._forward(self._scheduler(), msg)
+        if msg["job_key"] not in self.keys:
+            self.keys[msg["job_key"]] = reply["job_id"]
+            self.keys_file.write(orjson.dumps({"key": msg["job_key"], "job_id": reply["job_id"]}) + b"\n")
+            self.keys_file.flush()
+            os.fsync(self.keys_file.fileno())
+        return encode("JobAccepted", reply.fields, reply_to=msg.id)
+
+    def on_status(self, msg: Message):
+        return encode("JobStatus", self._forward(self._scheduler(), msg).fields, reply_to=msg.id)
+
+    def on_cancel(self, msg: Message):
+        return encode("JobStatus", self._forward(self._scheduler(), msg).fields, reply_to=msg.id)
+
+    def on_subscribe(self, msg: Message):
+        batch = self._forward(self._storage(), msg)
+        fields = dict(batch.fields)
+        status = self._forward(self._scheduler(), Message("JobStatusQuery", {"job_id": msg["job_id"]}))
+        fields["final"] = status["state"] in ("done", "cancelled") and msg["offset"] + len(fields["records"]) >= status["done"]
+        return encode("ResultBatch", fields, reply_to=msg.id)
+
+    def close(self) -> None:
+        self.keys_file.close()
+        self.view.stop()
+        super().close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="shoal node router")
+    ap.add_argument("--etcd", required=True)
+    ap.add_argument("--dir", required=True, help="where job keys are kept")
+    ap.add_argument("--cluster", default="default")
+    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
+    ap.add_argument("--advertise")
+    ap.add_argument("--node-id")
+    args = ap.parse_args(argv)
+    node_id = args.node_id or f"router-{os.getpid()}"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s router {node_id} %(levelname)s %(message)s")
+    node = RouterNode(node_id, args.dir, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    signal.signal(signal.SIGINT, lambda *_: node.stop())
+    print(f"router: {node.address}", flush=True)
+    node.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
