@@ -18,39 +18,72 @@ def cmd_make_model(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    """Runs a generation job on an engine in this process (the cluster path comes with
-    the router and workers)."""
-    from dataclasses import replace
+    """A generation job through a cluster: the one at --router, or a local one started
+    for this job and stopped afterwards."""
+    from contextlib import nullcontext
 
+    from shoal.client import Client
     from shoal.generate_input import read_generate_items
-    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.local_cluster import LocalCluster
     from shoal.progress import Progress
-    from shoal.sampling import RequestError, SamplingParams
+    from shoal.sampling import SamplingParams
 
-    items = read_generate_items(args.input)
-    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype))
-    base = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    failed = 0
-    with open(args.output, "wb") as out:
-        for it in items:
-            p = replace(base, max_tokens=it.max_tokens) if it.max_tokens else base
-            try:
-                engine.add_request(it.id, prompt=it.prompt, prompt_token_ids=it.prompt_token_ids, params=p)
-            except RequestError as e:
-                failed += 1
-                out.write(orjson.dumps({"id": it.id, "error": str(e)}) + b"\n")
-        progress = Progress(len(items) - failed, "sequences")
-        t0, tokens = time.perf_counter(), 0
-        while engine.has_unfinished():
-            for r in engine.step():
-                tokens += len(r.token_ids)
-                out.write(orjson.dumps({"id": r.seq_id, "text": r.text, "token_ids": r.token_ids,
-                                        "finish_reason": r.finish_reason}) + b"\n")
-                progress.advance(1, f"{tokens / (time.perf_counter() - t0):.0f} tok/s")
+    items = read_generate_items(args.input)  # every line checked before anything starts
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    params.validate()
+    payload = [{"id": it.id, "prompt": it.prompt, "prompt_token_ids": it.prompt_token_ids,
+                **({"max_tokens": it.max_tokens} if it.max_tokens else {})} for it in items]
+    cluster = nullcontext() if args.router else LocalCluster(args.model, workers=args.workers, dtype=args.dtype)
+    with cluster as local:
+        router = args.router or local.router
+        t0 = time.perf_counter()
+        job = Client(router).submit(payload, params=params.to_dict(), job_key=args.job_key)
+        print(f"job {job.id}: {len(items)} sequences via {router}", file=sys.stderr)
+        progress = Progress(len(items), "sequences")
+        tokens = failed = 0
+        with open(args.output, "wb") as out:
+            for rec in job.results():
+                rec.pop("margins", None)
+                tokens += len(rec.get("token_ids", []))
+                failed += rec.get("finish_reason") == "error"
+                out.write(orjson.dumps(rec) + b"\n")
+                progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
         progress.close()
     wall = time.perf_counter() - t0
-    print(f"results: {args.output}  ({len(items) - failed} sequences, {failed} refused, "
+    print(f"results: {args.output}  ({len(items)} sequences, {failed} failed, "
           f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s)")
+    return 0
+
+
+def cmd_up(args) -> int:
+    from shoal.local_cluster import LocalCluster
+
+    cluster = LocalCluster(args.model, workers=args.workers, state_dir=args.dir, dtype=args.dtype).start()
+    print(f"router: {cluster.router}", flush=True)
+    print(f"etcd: {cluster.etcd.endpoint}  state: {cluster.dir}", flush=True)
+    if args.detach:
+        return 0  # `shoal down --dir` stops it
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+    return 0
+
+
+def cmd_down(args) -> int:
+    from shoal.local_cluster import LocalCluster
+
+    print(f"stopped {LocalCluster.stop_detached(args.dir)} processes")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from shoal.client import Client
+
+    print(orjson.dumps(Client(args.router).job(args.job).status(), option=orjson.OPT_INDENT_2).decode())
     return 0
 
 
@@ -71,7 +104,8 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-NODE_MAINS = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node"}
+NODE_MAINS = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
+              "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,9 +129,29 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
+    g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
+    g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
     g.set_defaults(fn=cmd_generate)
 
-    n = sub.add_parser("node", help="run one node of a cluster in this process (roles so far: storage, worker)")
+    u = sub.add_parser("up", help="start a local cluster: etcd and every node as processes on this machine")
+    u.add_argument("--model", required=True)
+    u.add_argument("--workers", type=int, default=1)
+    u.add_argument("--dir", help="state directory (default: a new temporary one)")
+    u.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    u.add_argument("--detach", action="store_true", help="return once it is up; stop it with `shoal down --dir`")
+    u.set_defaults(fn=cmd_up)
+
+    d = sub.add_parser("down", help="stop a cluster started with `shoal up --detach`")
+    d.add_argument("--dir", required=True)
+    d.set_defaults(fn=cmd_down)
+
+    st = sub.add_parser("status", help="a job's status")
+    st.add_argument("job")
+    st.add_argument("--router", required=True)
+    st.set_defaults(fn=cmd_status)
+
+    n = sub.add_parser("node", help="run one node of a cluster in this process")
     n.add_argument("role", choices=sorted(NODE_MAINS))
     n.add_argument("rest", nargs=argparse.REMAINDER, help="the role's own options (--dir, --bind, --etcd, ...)")
     n.set_defaults(fn=lambda a: __import__(NODE_MAINS[a.role], fromlist=["main"]).main(a.rest))

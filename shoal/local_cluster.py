@@ -63,6 +63,11 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        import json
+
+        pids = [p.pid for p in self.procs] + [self.etcd.proc.pid]
+        (self.dir / "cluster.json").write_text(json.dumps({"router": self.router, "etcd": self.etcd.endpoint,
+                                                           "cluster": self.cluster, "pids": pids}))
         return self
 
     def stop(self) -> None:
@@ -79,6 +84,25 @@ class LocalCluster:
         self.procs.clear()
         if self.etcd:
             self.etcd.stop()
+
+    @staticmethod
+    def stop_detached(state_dir: str | Path) -> int:
+        """Stops a cluster that `shoal up --detach` left running; returns processes signalled."""
+        import json
+        import signal
+
+        path = Path(state_dir) / "cluster.json"
+        if not path.exists():
+            raise FileNotFoundError(f"no cluster recorded in {state_dir}")
+        n = 0
+        for pid in json.loads(path.read_text())["pids"]:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                n += 1
+            except ProcessLookupError:
+                pass
+        path.unlink()
+        return n
 
     def __enter__(self) -> "LocalCluster":
         return self.start()

@@ -14,6 +14,26 @@ from shoal.output_compare import compare_outputs
 from shoal.sampling import SamplingParams
 
 
+def send_bad_messages_to_every_node(cluster):
+    """While the job runs: each node answers every bad message with an Error."""
+    from test_storage_node import BAD
+
+    from shoal.nodes.membership import MemberView
+    from shoal.rpc import RpcClient
+
+    view = MemberView(cluster.etcd.endpoint, cluster.cluster).start()
+    members = view.snapshot()
+    view.stop()
+    assert {m.role for m in members.values()} == {"router", "scheduler", "storage", "worker"}
+    for m in members.values():
+        c = RpcClient(m.info["address"])
+        for name, (frames, _) in BAD.items():
+            reply = c.raw(frames)
+            assert reply.type == "Error", (m.role, name)
+        assert c.request("Ping", {"sent_at": 3.0})["sent_at"] == 3.0, m.role
+        c.close()
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers):
     r = random.Random(21)
@@ -26,6 +46,8 @@ def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers):
         job = client.submit(items, params=params.to_dict(), job_key="job-A")
         again = client.submit(items, params=params.to_dict(), job_key="job-A")
         assert again.id == job.id
+        if workers == 1:
+            send_bad_messages_to_every_node(cluster)
         results = job.wait(timeout=180)
         assert job.status()["state"] == "done"
         # Reattach by id and read again from an offset: the same records.

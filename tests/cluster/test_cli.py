@@ -1,0 +1,51 @@
+"""`shoal generate` end to end: input checked line by line before anything starts, a
+local cluster started and stopped for the job, every id exactly once in the output."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import orjson
+
+from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+from shoal.output_compare import compare_outputs
+from shoal.sampling import SamplingParams
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "shoal.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_through_a_local_cluster(tiny_model, tmp_path):
+    r = random.Random(31)
+    prompts = [[r.randrange(511) for _ in range(r.randint(1, 60))] for _ in range(12)]
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps({"id": i, "prompt_token_ids": p, "max_tokens": 6 + i % 5}) + b"\n"
+                             for i, p in enumerate(prompts)) + orjson.dumps({"id": "t", "prompt": "The module"}) + b"\n")
+    out = tmp_path / "out.jsonl"
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out),
+                  "--max-tokens", "8", "--workers", "2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"results: {out}" in res.stdout
+    recs = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert sorted(map(str, (r["id"] for r in recs))) == sorted(map(str, [*range(12), "t"])) and len(recs) == 13
+    by_id = {r["id"]: r for r in recs}
+    assert set(by_id["t"]) == {"id", "text", "token_ids", "finish_reason"}
+    eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
+    for i, p in enumerate(prompts):
+        ref = eng.generate([p], SamplingParams(max_tokens=6 + i % 5, return_margins=True), seq_ids=[i])[0]
+        cmp = compare_outputs(by_id[i]["token_ids"], ref.token_ids, [ref.margins])
+        assert cmp, f"{i}: {cmp.detail}"
+
+
+def test_bad_input_is_refused_before_anything_starts(tiny_model, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n')
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(tmp_path / "o.jsonl"))
+    assert res.returncode == 2 and "in.jsonl:2: duplicate id 1" in res.stderr
+    inp.write_text('{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": \n')
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(tmp_path / "o.jsonl"))
+    assert res.returncode == 2 and "in.jsonl:2: not valid JSON" in res.stderr
+    assert not (tmp_path / "o.jsonl").exists()
