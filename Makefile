@@ -3,7 +3,10 @@ PY ?= python3
 STAMP := .make/installed
 DEMO_DIR ?= demo-out
 
-.PHONY: install test demo bench-generate clean
+CLUSTER_FILE ?= cluster.toml
+HOST ?= $(shell hostname -s)
+
+.PHONY: install test demo bench-generate clean cluster-up cluster-down
 
 # torch 2.13.0 is pinned here (a local CPU wheel on the dev machines); pyproject accepts
 # any torch >= 2.4 so a GPU host keeps its CUDA build.
@@ -23,6 +26,13 @@ demo: $(STAMP)
 	$(PY) -m shoal.cli generate --model $(DEMO_DIR)/model-tiny --input $(DEMO_DIR)/prompts.jsonl \
 		--output $(DEMO_DIR)/results.jsonl --max-tokens 48
 	@echo "results: $(DEMO_DIR)/results.jsonl"
+
+# This host's nodes from the cluster file (see shoal/cluster_file.py for its schema).
+cluster-up: $(STAMP)
+	$(PY) -m shoal.cli cluster-up --file $(CLUSTER_FILE) --host $(HOST)
+
+cluster-down:
+	$(PY) -m shoal.cli cluster-down --file $(CLUSTER_FILE) --host $(HOST)
 
 bench-generate: $(STAMP)
 	$(PY) scripts/bench_generate.py

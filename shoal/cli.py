@@ -80,6 +80,25 @@ def cmd_down(args) -> int:
     return 0
 
 
+def cmd_cluster_up(args) -> int:
+    from shoal.cluster_file import load_cluster_file
+    from shoal.cluster_up import cluster_up
+
+    cf = load_cluster_file(args.file)
+    started = cluster_up(cf, args.host)
+    for name, address in started["addresses"].items():
+        print(f"{name}: {address}")
+    return 0
+
+
+def cmd_cluster_down(args) -> int:
+    from shoal.cluster_file import load_cluster_file
+    from shoal.cluster_up import cluster_down
+
+    print(f"stopped {cluster_down(load_cluster_file(args.file), args.host)} nodes")
+    return 0
+
+
 def cmd_status(args) -> int:
     from shoal.client import Client
 
@@ -146,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--dir", required=True)
     d.set_defaults(fn=cmd_down)
 
+    for name, fn, text in (("cluster-up", cmd_cluster_up, "start this host's nodes from a cluster file"),
+                           ("cluster-down", cmd_cluster_down, "stop this host's nodes")):
+        cu = sub.add_parser(name, help=text)
+        cu.add_argument("--file", required=True, help="the cluster file (TOML; see shoal/cluster_file.py)")
+        cu.add_argument("--host", required=True, help="this host's name in the file")
+        cu.set_defaults(fn=fn)
+
     st = sub.add_parser("status", help="a job's status")
     st.add_argument("job")
     st.add_argument("--router", required=True)
@@ -170,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
-    except (InputError, RequestError, ValueError) as e:
+    except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

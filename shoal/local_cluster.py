@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from shoal.etcd_server import EtcdServer
+from shoal.node_process import spawn_node
 
 
 class LocalCluster:
@@ -29,15 +29,9 @@ class LocalCluster:
         self.router = ""
 
     def _spawn(self, name: str, args: list[str]) -> str:
-        logs = self.dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
-                                stderr=open(logs / f"{name}.log", "ab"), text=True, start_new_session=True)
+        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs")
         self.procs.append(proc)
-        line = proc.stdout.readline().strip()
-        if not line.startswith(name.split("-")[0] + ":"):
-            raise RuntimeError(f"{name} did not start (see {logs / (name + '.log')}): {line!r}")
-        return line.split(" ", 1)[1]
+        return address
 
     def start(self, timeout: float = 600) -> "LocalCluster":
         try:

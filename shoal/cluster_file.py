@@ -1,0 +1,93 @@
+"""The cluster file: which host runs which nodes (TOML).
+
+    cluster = "prod"                 # etcd namespace: /shoal/<cluster>/
+    etcd = ["10.0.0.1:2379"]         # endpoints of the cluster's etcd
+    model = "/models/qwen3-8b"       # workers' model folder (same path on every host)
+    state_dir = "/var/lib/shoal"     # per host: <state_dir>/<host name>/
+    dtype = "bfloat16"               # optional, workers' dtype (default float32)
+
+    [[hosts]]
+    name = "head"
+    address = "10.0.0.1"             # nodes bind and advertise this address
+    roles = ["router", "scheduler", "storage"]
+
+    [[hosts]]
+    name = "gpu-1"
+    address = "10.0.0.2"
+    roles = ["worker"]
+    workers = 8                      # worker processes on this host (one per accelerator)
+
+Every node binds a free port on its host's address and publishes it in etcd, so no
+port needs to be written down; the router's address is printed and written to
+<state_dir>/<host>/router.txt.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROLES = ("router", "scheduler", "storage", "worker")
+
+
+class ClusterFileError(ValueError):
+    """A cluster file that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    roles: tuple[str, ...]
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    cluster: str
+    etcd: tuple[str, ...]
+    model: str
+    state_dir: Path
+    dtype: str
+    hosts: tuple[Host, ...]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise ClusterFileError(f"no host {name!r} in the cluster file (hosts: {', '.join(h.name for h in self.hosts)})")
+
+
+def load_cluster_file(path: str | Path) -> ClusterFile:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ClusterFileError(f"cluster file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ClusterFileError(f"{path}: {e}") from None
+
+    def need(d: dict, key: str, where: str):
+        if key not in d:
+            raise ClusterFileError(f"{path}: {where} lacks {key!r}")
+        return d[key]
+
+    hosts = []
+    for i, h in enumerate(need(raw, "hosts", "the file")):
+        where = f"hosts[{i}]"
+        roles = tuple(need(h, "roles", where))
+        bad = [r for r in roles if r not in ROLES]
+        if bad:
+            raise ClusterFileError(f"{path}: {where} has unknown role {bad[0]!r} (roles: {', '.join(ROLES)})")
+        hosts.append(Host(need(h, "name", where), need(h, "address", where), roles, int(h.get("workers", 1))))
+    names = [h.name for h in hosts]
+    if len(set(names)) != len(names):
+        raise ClusterFileError(f"{path}: host names must be unique")
+    for role in ("router", "scheduler", "storage", "worker"):
+        if not any(role in h.roles for h in hosts):
+            raise ClusterFileError(f"{path}: no host runs a {role}")
+    etcd = need(raw, "etcd", "the file")
+    return ClusterFile(need(raw, "cluster", "the file"), tuple([etcd] if isinstance(etcd, str) else etcd),
+                       need(raw, "model", "the file"), Path(need(raw, "state_dir", "the file")),
+                       raw.get("dtype", "float32"), tuple(hosts))

@@ -1,0 +1,57 @@
+"""`shoal cluster-up` / `cluster-down`: start or stop this host's nodes from a cluster file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from shoal.cluster_file import ClusterFile
+from shoal.node_process import spawn_node
+
+
+def cluster_up(cf: ClusterFile, host_name: str) -> dict:
+    host = cf.host(host_name)
+    home = cf.state_dir / host.name
+    pidfile = home / "pids.json"
+    if pidfile.exists():
+        raise RuntimeError(f"{host.name} already runs nodes ({pidfile}); cluster-down first")
+    common = ["--etcd", cf.etcd[0], "--cluster", cf.cluster, "--bind", f"tcp://{host.address}:0"]
+    started: dict = {"pids": [], "addresses": {}}
+    order = [r for r in ("storage", "scheduler", "worker", "router") if r in host.roles]
+    try:
+        for role in order:
+            count = host.workers if role == "worker" else 1
+            for i in range(count):
+                name = f"{role}-{host.name}-{i}"
+                args = [*common, "--node-id", name]
+                if role in ("storage", "router"):
+                    args += ["--dir", str(home / role)]
+                if role == "worker":
+                    args += ["--model", cf.model, "--dtype", cf.dtype]
+                proc, address = spawn_node(role, name, args, home / "logs")
+                started["pids"].append(proc.pid)
+                started["addresses"][name] = address
+                if role == "router":
+                    (home / "router.txt").write_text(address + "\n")
+    except BaseException:
+        for pid in started["pids"]:
+            os.kill(pid, signal.SIGTERM)
+        raise
+    pidfile.write_text(json.dumps(started))
+    return started
+
+
+def cluster_down(cf: ClusterFile, host_name: str) -> int:
+    pidfile = cf.state_dir / cf.host(host_name).name / "pids.json"
+    if not pidfile.exists():
+        return 0
+    n = 0
+    for pid in json.loads(pidfile.read_text())["pids"]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            n += 1
+        except ProcessLookupError:
+            pass
+    pidfile.unlink()
+    return n

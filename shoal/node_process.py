@@ -1,0 +1,23 @@
+"""Starting a node as its own process and reading the address it bound."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
+           "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
+
+
+def spawn_node(role: str, name: str, args: list[str], log_dir: Path) -> tuple[subprocess.Popen, str]:
+    """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its
+    log in log_dir/NAME.log; returns the process and the address it serves on."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", MODULES[role], *args], stdout=subprocess.PIPE,
+                            stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True)
+    line = proc.stdout.readline().strip()
+    if not line.startswith(f"{role}:"):
+        proc.kill()
+        raise RuntimeError(f"{name} did not start (see {log_dir / (name + '.log')}): {line!r}")
+    return proc, line.split(" ", 1)[1]
