@@ -34,7 +34,9 @@ class Node:
         self.advertise = advertise or self.address
         self.max_message_bytes = max_message_bytes
         self.counters: collections.Counter = collections.Counter()
-        self.handlers = {"Hello": self.on_hello, "Ping": self.on_ping, **self.handler_table()}
+        self.started = time.time()
+        self.handlers = {"Hello": self.on_hello, "Ping": self.on_ping, "StatsQuery": self.on_stats,
+                         **self.handler_table()}
         self._stop = threading.Event()
         self.registration = None
         if etcd:
@@ -59,6 +61,19 @@ class Node:
 
     def on_ping(self, msg: Message):
         return encode("Pong", {"sent_at": msg["sent_at"]}, reply_to=msg.id)
+
+    def stats(self) -> dict:
+        """What `shoal nodes` and the metrics endpoint show; roles add their own."""
+        return {"counters": dict(self.counters), "uptime_s": time.time() - self.started, "address": self.advertise}
+
+    def on_stats(self, msg: Message):
+        return encode("Stats", {"role": self.role, "node_id": self.node_id, "stats": self.stats()}, reply_to=msg.id)
+
+    def serve_metrics(self, port: int) -> None:
+        """Prometheus endpoint: every counter, plus the role's numeric stats."""
+        from shoal.nodes.metrics import start_metrics_server
+
+        start_metrics_server(self, port)
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -116,11 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="default")
     ap.add_argument("--bind", default="tcp://127.0.0.1:0")
     ap.add_argument("--advertise")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     ap.add_argument("--node-id")
     args = ap.parse_args(argv)
     node_id = args.node_id or f"router-{os.getpid()}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s router {node_id} %(levelname)s %(message)s")
     node = RouterNode(node_id, args.dir, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
+    if args.metrics_port:
+        node.serve_metrics(args.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     print(f"router: {node.address}", flush=True)

@@ -72,6 +72,12 @@ class SchedulerNode(Node):
             raise ProtocolError("not_leader", f"scheduler {self.node_id} is a standby")
         return self.election.epoch
 
+    def stats(self) -> dict:
+        jobs = {j.job_id: {"state": j.state, "total": len(j.items), "done": len(j.done), "pending": len(j.pending)}
+                for j in self.jobs.values()}
+        return {**super().stats(), "leader": self.election.is_leader(), "epoch": self.election.epoch, "jobs": jobs,
+                "held": dict(self.held)}
+
     # -- handlers ------------------------------------------------------------------------------
 
     def on_submit(self, msg: Message):
@@ -187,11 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="default")
     ap.add_argument("--bind", default="tcp://127.0.0.1:0")
     ap.add_argument("--advertise")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     ap.add_argument("--node-id")
     args = ap.parse_args(argv)
     node_id = args.node_id or f"scheduler-{os.getpid()}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s scheduler {node_id} %(levelname)s %(message)s")
     node = SchedulerNode(node_id, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
+    if args.metrics_port:
+        node.serve_metrics(args.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     print(f"scheduler: {node.address}", flush=True)

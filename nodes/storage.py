@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--advertise")
     ap.add_argument("--etcd", help="HOST:PORT of etcd; without it the node does not register")
     ap.add_argument("--cluster", default="default")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     ap.add_argument("--node-id", default=None)
     args = ap.parse_args(argv)
     import os
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     node_id = args.node_id or f"storage-{os.getpid()}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s storage {node_id} %(levelname)s %(message)s")
     node = StorageNode(node_id, args.dir, bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
+    if args.metrics_port:
+        node.serve_metrics(args.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     print(f"storage: {node.address}", flush=True)

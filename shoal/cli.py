@@ -99,6 +99,43 @@ def cmd_cluster_down(args) -> int:
     return 0
 
 
+def cmd_nodes(args) -> int:
+    """Every node of a cluster with its counters (from etcd, then each node's Stats)."""
+    import json as _json
+    from pathlib import Path
+
+    from shoal.nodes.membership import MemberView
+    from shoal.rpc import RpcClient
+
+    etcd, cluster = args.etcd, args.cluster
+    if args.dir:
+        rec = _json.loads((Path(args.dir) / "cluster.json").read_text())
+        etcd, cluster = rec["etcd"], rec["cluster"]
+    if not etcd:
+        raise ValueError("give --etcd HOST:PORT (and --cluster) or --dir of a local cluster")
+    view = MemberView(etcd, cluster).start()
+    members = sorted(view.snapshot().values(), key=lambda m: (m.role, m.node_id))
+    view.stop()
+    for m in members:
+        try:
+            st = RpcClient(m.info["address"]).request("StatsQuery", {}, timeout=3)["stats"]
+        except Exception as e:
+            print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} unreachable: {e}")
+            continue
+        c = st.get("counters", {})
+        msgs = sum(v for k, v in c.items() if k.startswith("messages."))
+        errs = sum(v for k, v in c.items() if k.startswith("errors."))
+        extra = ""
+        if "engine" in st:
+            e = st["engine"]
+            extra = (f" running {e['running']} waiting {e['waiting']} kv {e['kv_blocks_used']}/{e['kv_blocks_total']}"
+                     f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')}")
+        if "jobs" in st:
+            extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"
+        print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} messages {msgs} errors {errs}{extra}")
+    return 0
+
+
 def cmd_status(args) -> int:
     from shoal.client import Client
 
@@ -171,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         cu.add_argument("--file", required=True, help="the cluster file (TOML; see shoal/cluster_file.py)")
         cu.add_argument("--host", required=True, help="this host's name in the file")
         cu.set_defaults(fn=fn)
+
+    nd = sub.add_parser("nodes", help="every node of a cluster with its counters")
+    nd.add_argument("--etcd")
+    nd.add_argument("--cluster", default="default")
+    nd.add_argument("--dir", help="state dir of a local cluster (shoal up)")
+    nd.set_defaults(fn=cmd_nodes)
 
     st = sub.add_parser("status", help="a job's status")
     st.add_argument("job")

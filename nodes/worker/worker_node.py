@@ -49,7 +49,7 @@ class WorkerNode(Node):
         self._writer.start()
 
     def handler_table(self) -> dict:
-        return {"AssignSequences": self.on_assign, "StatsQuery": self.on_stats}
+        return {"AssignSequences": self.on_assign}
 
     # -- IO thread -------------------------------------------------------------------------
 
@@ -67,10 +67,9 @@ class WorkerNode(Node):
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
 
-    def on_stats(self, msg: Message):
-        stats = {"counters": dict(self.counters), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
-                 **self._engine_snapshot}
-        return encode("Stats", {"role": self.role, "node_id": self.node_id, "stats": stats}, reply_to=msg.id)
+    def stats(self) -> dict:
+        return {**super().stats(), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
+                **self._engine_snapshot}
 
     # -- compute thread --------------------------------------------------------------------
 
@@ -183,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--advertise")
     ap.add_argument("--etcd")
     ap.add_argument("--cluster", default="default")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     ap.add_argument("--node-id")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 max_num_batched_tokens=args.budget))
     node = WorkerNode(node_id, engine, args.storage, bind=args.bind, etcd=args.etcd, cluster=args.cluster,
                       advertise=args.advertise)
+    if args.metrics_port:
+        node.serve_metrics(args.metrics_port)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     print(f"worker: {node.address}", flush=True)
