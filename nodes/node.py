@@ -7,8 +7,10 @@ A node never dies of a bad message: decoding errors and handler exceptions becom
 
 from __future__ import annotations
 
+import argparse
 import collections
 import logging
+import signal
 import threading
 import time
 
@@ -151,3 +153,31 @@ class Node:
         self.sock.close(0)
         self.ctx.term()
         log.info("[shutdown] %s %s", self.role, self.node_id)
+
+
+def node_arg_parser(role: str, etcd_required: bool = False) -> argparse.ArgumentParser:
+    """The options every `shoal node ROLE` takes; a role adds its own."""
+    ap = argparse.ArgumentParser(prog=f"shoal node {role}")
+    ap.add_argument("--bind", default="tcp://127.0.0.1:0", help="tcp://HOST:PORT (port 0: a free one)")
+    ap.add_argument("--advertise", help="the address peers should use, if not the bound one")
+    ap.add_argument("--etcd", required=etcd_required, help="HOST:PORT of the cluster's etcd")
+    ap.add_argument("--cluster", default="default")
+    ap.add_argument("--node-id")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    return ap
+
+
+def start_logging(role: str, node_id: str) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} {node_id} %(levelname)s %(name)s: %(message)s")
+
+
+def run_node(node: Node, metrics_port: int | None = None) -> int:
+    """The thin process entry: metrics, signals, the address line the launcher reads,
+    then the loop until SIGTERM or SIGINT."""
+    if metrics_port:
+        node.serve_metrics(metrics_port)
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    signal.signal(signal.SIGINT, lambda *_: node.stop())
+    print(f"{node.role}: {node.address}", flush=True)
+    node.serve_forever()
+    return 0

@@ -7,17 +7,15 @@ result reads (results come from storage by offset, so a client resumes where it 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import signal
 from pathlib import Path
 
 import orjson
 
 from shoal.nodes.leader import Election
 from shoal.nodes.membership import MemberView
-from shoal.nodes.node import Node
+from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import RemoteError, RpcClient
@@ -110,26 +108,13 @@ class RouterNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="shoal node router")
-    ap.add_argument("--etcd", required=True)
+    ap = node_arg_parser("router", etcd_required=True)
     ap.add_argument("--dir", required=True, help="where job keys are kept")
-    ap.add_argument("--cluster", default="default")
-    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
-    ap.add_argument("--advertise")
-    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    ap.add_argument("--node-id")
     args = ap.parse_args(argv)
     node_id = args.node_id or f"router-{os.getpid()}"
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s router {node_id} %(levelname)s %(message)s")
+    start_logging("router", node_id)
     node = RouterNode(node_id, args.dir, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
-    if args.metrics_port:
-        node.serve_metrics(args.metrics_port)
-    signal.signal(signal.SIGTERM, lambda *_: node.stop())
-    signal.signal(signal.SIGINT, lambda *_: node.stop())
-    print(f"router: {node.address}", flush=True)
-    node.serve_forever()
-    return 0
-
+    return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -11,18 +11,16 @@ know earlier jobs yet (the durable job log is the next step).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
 
 from shoal.nodes.leader import Election
 from shoal.nodes.membership import MemberView
-from shoal.nodes.node import Node
+from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import RpcClient
@@ -188,25 +186,11 @@ class SchedulerNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="shoal node scheduler")
-    ap.add_argument("--etcd", required=True)
-    ap.add_argument("--cluster", default="default")
-    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
-    ap.add_argument("--advertise")
-    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    ap.add_argument("--node-id")
-    args = ap.parse_args(argv)
+    args = node_arg_parser("scheduler", etcd_required=True).parse_args(argv)
     node_id = args.node_id or f"scheduler-{os.getpid()}"
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s scheduler {node_id} %(levelname)s %(message)s")
+    start_logging("scheduler", node_id)
     node = SchedulerNode(node_id, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
-    if args.metrics_port:
-        node.serve_metrics(args.metrics_port)
-    signal.signal(signal.SIGTERM, lambda *_: node.stop())
-    signal.signal(signal.SIGINT, lambda *_: node.stop())
-    print(f"scheduler: {node.address}", flush=True)
-    node.serve_forever()
-    return 0
-
+    return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -7,13 +7,12 @@ covers its records, so an acknowledged result survives a crash of any process.
 
 from __future__ import annotations
 
-import argparse
 import logging
+import os
 import re
-import signal
 from pathlib import Path
 
-from shoal.nodes.node import Node
+from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -77,28 +76,13 @@ class StorageNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="shoal node storage")
+    ap = node_arg_parser("storage")
     ap.add_argument("--dir", required=True, help="the node's data directory")
-    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
-    ap.add_argument("--advertise")
-    ap.add_argument("--etcd", help="HOST:PORT of etcd; without it the node does not register")
-    ap.add_argument("--cluster", default="default")
-    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    ap.add_argument("--node-id", default=None)
     args = ap.parse_args(argv)
-    import os
-
     node_id = args.node_id or f"storage-{os.getpid()}"
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s storage {node_id} %(levelname)s %(message)s")
+    start_logging("storage", node_id)
     node = StorageNode(node_id, args.dir, bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
-    if args.metrics_port:
-        node.serve_metrics(args.metrics_port)
-    signal.signal(signal.SIGTERM, lambda *_: node.stop())
-    signal.signal(signal.SIGINT, lambda *_: node.stop())
-    print(f"storage: {node.address}", flush=True)
-    node.serve_forever()
-    return 0
-
+    return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,6 @@ def trace(name: str, scale: int, per_phase: int, seed: int = 0):
 
 def run(engine, phases):
     """Closed loop over the phases; per phase: tokens computed and seconds."""
-    stats = []
     queue = [(i, req, conc) for i, (_, reqs, conc) in enumerate(phases) for req in reqs]
     pos = in_flight = 0
     next_id = 0

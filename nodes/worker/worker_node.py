@@ -9,15 +9,13 @@ the first copy), so a result is never dropped between the engine and the disk.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import queue
-import signal
 import threading
 import time
 
-from shoal.nodes.node import Node
+from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import RemoteError, RpcClient
@@ -173,36 +171,23 @@ class WorkerNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="shoal node worker")
+    ap = node_arg_parser("worker")
     ap.add_argument("--model", required=True)
     ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
-    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
-    ap.add_argument("--advertise")
-    ap.add_argument("--etcd")
-    ap.add_argument("--cluster", default="default")
-    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    ap.add_argument("--node-id")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
     args = ap.parse_args(argv)
     node_id = args.node_id or f"worker-{os.getpid()}"
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker {node_id} %(levelname)s %(message)s")
+    start_logging("worker", node_id)
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                 max_num_batched_tokens=args.budget))
     node = WorkerNode(node_id, engine, args.storage, bind=args.bind, etcd=args.etcd, cluster=args.cluster,
                       advertise=args.advertise)
-    if args.metrics_port:
-        node.serve_metrics(args.metrics_port)
-    signal.signal(signal.SIGTERM, lambda *_: node.stop())
-    signal.signal(signal.SIGINT, lambda *_: node.stop())
-    print(f"worker: {node.address}", flush=True)
-    node.serve_forever()
-    return 0
-
+    return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":
     raise SystemExit(main())

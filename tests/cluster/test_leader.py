@@ -4,7 +4,6 @@ standby that takes over when the leader's lease goes."""
 from __future__ import annotations
 
 import threading
-import time
 
 from shoal.nodes.leader import Election
 

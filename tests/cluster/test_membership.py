@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import etcd3
 
 from shoal.nodes.membership import MemberView, Registration, connect, members_prefix
 
