@@ -150,8 +150,9 @@ class Node:
     def close(self) -> None:
         if self.registration is not None:
             self.registration.stop()
-        self.sock.close(0)
-        self.ctx.term()
+        # destroy, not term: it also closes the clients a role opened to its peers,
+        # which would otherwise keep term() waiting forever.
+        self.ctx.destroy(linger=0)
         log.info("[shutdown] %s %s", self.role, self.node_id)
 
 

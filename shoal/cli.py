@@ -49,7 +49,7 @@ def cmd_generate(args) -> int:
                 out.write(orjson.dumps(rec) + b"\n")
                 progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
         progress.close()
-    wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0  # the job, not the local cluster's shutdown
     print(f"results: {args.output}  ({len(items)} sequences, {failed} failed, "
           f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s)")
     return 0
