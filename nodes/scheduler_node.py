@@ -155,8 +155,12 @@ class SchedulerNode(Node):
     def _place(self, job: Job, workers: dict) -> None:
         # A worker may hold twice its batch: the second half waits in its queue, so its
         # engine never idles between a finish and the next assignment.
+        speeds = {wid: self._speed(w.info) for wid, w in workers.items()}
+        known = [v for v in speeds.values() if v is not None]
+        typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
         loads = [WorkerLoad(w.node_id, int(w.info.get("kv_tokens", 1 << 30)), self.held.get(w.node_id, 0),
-                            int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2) for w in workers.values()]
+                            int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2, speeds[wid] or typical)
+                 for wid, w in workers.items()]
         pend = [PendingSeq(sid, self._kv_need(job.items[sid])) for sid in job.pending]
         placed, left = place(pend, loads)
         job.pending = [p.seq_id for p in left]
@@ -173,6 +177,13 @@ class SchedulerNode(Node):
                 log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(sids), wid, e)
                 self.clients.pop(wid, None)
                 job.pending.extend(sids)
+
+    @staticmethod
+    def _speed(info: dict) -> float | None:
+        """Decode sequence-steps per second from the worker's published calibration (1/β_d)."""
+        cal = info.get("calibration") or {}
+        beta_d = cal.get("beta_d") or 0
+        return 1.0 / beta_d if beta_d > 0 else None
 
     @staticmethod
     def _kv_need(item: dict) -> int:
