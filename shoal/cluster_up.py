@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 from shoal.cluster_file import ClusterFile
-from shoal.node_process import spawn_node
+from shoal.node_process import spawn_node, terminate_pids
 
 
 def cluster_up(cf: ClusterFile, host_name: str) -> dict:
@@ -35,8 +33,7 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                 if role == "router":
                     (home / "router.txt").write_text(address + "\n")
     except BaseException:
-        for pid in started["pids"]:
-            os.kill(pid, signal.SIGTERM)
+        terminate_pids(started["pids"])
         raise
     pidfile.write_text(json.dumps(started))
     return started
@@ -46,12 +43,6 @@ def cluster_down(cf: ClusterFile, host_name: str) -> int:
     pidfile = cf.state_dir / cf.host(host_name).name / "pids.json"
     if not pidfile.exists():
         return 0
-    n = 0
-    for pid in json.loads(pidfile.read_text())["pids"]:
-        try:
-            os.kill(pid, signal.SIGTERM)
-            n += 1
-        except ProcessLookupError:
-            pass
+    n = terminate_pids(json.loads(pidfile.read_text())["pids"])
     pidfile.unlink()
     return n

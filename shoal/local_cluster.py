@@ -8,14 +8,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from shoal.etcd_server import EtcdServer
-from shoal.node_process import spawn_node
+from shoal.node_process import spawn_node, terminate_pids
 
 
 class LocalCluster:
@@ -83,18 +82,11 @@ class LocalCluster:
     def stop_detached(state_dir: str | Path) -> int:
         """Stops a cluster that `shoal up --detach` left running; returns processes signalled."""
         import json
-        import signal
 
         path = Path(state_dir) / "cluster.json"
         if not path.exists():
             raise FileNotFoundError(f"no cluster recorded in {state_dir}")
-        n = 0
-        for pid in json.loads(path.read_text())["pids"]:
-            try:
-                os.kill(pid, signal.SIGTERM)
-                n += 1
-            except ProcessLookupError:
-                pass
+        n = terminate_pids(json.loads(path.read_text())["pids"])
         path.unlink()
         return n
 

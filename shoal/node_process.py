@@ -21,3 +21,18 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path) -> tuple[su
         proc.kill()
         raise RuntimeError(f"{name} did not start (see {log_dir / (name + '.log')}): {line!r}")
     return proc, line.split(" ", 1)[1]
+
+
+def terminate_pids(pids: list[int]) -> int:
+    """SIGTERM to each process still alive; returns how many were signalled."""
+    import os
+    import signal
+
+    n = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            n += 1
+        except ProcessLookupError:
+            pass
+    return n

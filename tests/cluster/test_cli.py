@@ -49,3 +49,18 @@ def test_bad_input_is_refused_before_anything_starts(tiny_model, tmp_path):
     res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(tmp_path / "o.jsonl"))
     assert res.returncode == 2 and "in.jsonl:2: not valid JSON" in res.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_up_detached_and_down(tiny_model, tmp_path):
+    state = tmp_path / "up"
+    up = run_cli("up", "--model", str(tiny_model), "--dir", str(state), "--detach")
+    assert up.returncode == 0, up.stderr[-2000:]
+    router = next(line.split(" ", 1)[1] for line in up.stdout.splitlines() if line.startswith("router: "))
+    import shoal
+
+    job = shoal.Client(router).submit([{"id": "a", "prompt": "The module"}], params={"max_tokens": 3})
+    assert [r["id"] for r in job.wait(timeout=60)] == ["a"]
+    down = run_cli("down", "--dir", str(state))
+    assert down.returncode == 0 and "stopped" in down.stdout
+    again = run_cli("down", "--dir", str(state))
+    assert again.returncode == 2 and "no cluster recorded" in again.stderr
