@@ -16,7 +16,7 @@ import time
 
 import etcd3
 
-from shoal.nodes.membership import connect
+from shoal.nodes.membership import connect, refresh_deadline
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,10 @@ class Election:
 
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            t = time.monotonic()
             try:
-                resp = self.lease.refresh()
-                if resp and resp[0].TTL > 0:
-                    self.deadline = t + resp[0].TTL
+                deadline = refresh_deadline(self.lease)
+                if deadline is not None:
+                    self.deadline = deadline
                 else:
                     log.warning("[leader] %s lost its lease (epoch %d)", self.node_id, self.epoch)
                     self.deadline = 0.0

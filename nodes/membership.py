@@ -41,6 +41,15 @@ def connect(endpoint: str, timeout: float = 5.0):
     return etcd3.client(host or "127.0.0.1", int(port), timeout=timeout)
 
 
+def refresh_deadline(lease) -> float | None:
+    """Refreshes a lease; returns the new deadline on this node's own clock (measured
+    from before the request, so it never overstates), or None if etcd says the lease
+    has expired. Shared by membership and leadership."""
+    t = time.monotonic()
+    resp = lease.refresh()
+    return t + resp[0].TTL if resp and resp[0].TTL > 0 else None
+
+
 @dataclass(frozen=True)
 class Member:
     role: str
@@ -88,11 +97,10 @@ class Registration:
 
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            t = time.monotonic()
             try:
-                resp = self.lease.refresh()
-                if resp and resp[0].TTL > 0:
-                    self.deadline = t + resp[0].TTL
+                deadline = refresh_deadline(self.lease)
+                if deadline is not None:
+                    self.deadline = deadline
                     continue
                 log.warning("[lease] %s: lease expired in etcd; registering again", self.node_id)
                 self._grant()

@@ -326,7 +326,10 @@ class LLMEngine:
         return None
 
     def _hits_stop_string(self, seq: Sequence) -> bool:
-        text = self.tokenizer.decode(seq.output_token_ids)
+        """Only a stop string ending in the newest token can be new, and it spans at most
+        one token per character: decode that tail, not the whole output, every step."""
+        window = max(map(len, seq.params.stop)) + 4
+        text = self.tokenizer.decode(seq.output_token_ids[-window:])
         return any(s in text for s in seq.params.stop)
 
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
