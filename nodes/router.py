@@ -15,6 +15,7 @@ import orjson
 
 from shoal.nodes.leader import Election
 from shoal.nodes.membership import MemberView
+from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -46,7 +47,8 @@ class RouterNode(Node):
 
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
-                "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel}
+                "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel,
+                "UploadChunk": self.on_upload_chunk}
 
     def _client(self, address: str) -> RpcClient:
         if address not in self.clients:
@@ -70,23 +72,26 @@ class RouterNode(Node):
         return member.info["address"]
 
     def _storage(self) -> str:
-        member = next(iter(self.view.snapshot("storage").values()), None)
-        if member is None:
+        members = self.view.snapshot("storage")
+        if not members:
             raise ProtocolError("unavailable", "no storage node in the cluster")
-        return member.info["address"]
+        return members[min(members)].info["address"]  # the same choice the scheduler makes
 
     def on_submit(self, msg: Message):
         if not msg["job_key"]:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "job_key must not be empty")
-        if msg["input_path"] or msg.blobs:
-            raise ProtocolError(ProtocolError.INVALID_FIELD, "input by path or upload is not supported yet; send items")
-        reply = self._forward(self._scheduler(), msg)
+        if msg.blobs:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "send a large input as UploadChunk messages, then submit its upload_id")
+        reply = self._forward(self._scheduler(), msg, timeout=INGEST_TIMEOUT_S + 10)
         if msg["job_key"] not in self.keys:
             self.keys[msg["job_key"]] = reply["job_id"]
             self.keys_file.write(orjson.dumps({"key": msg["job_key"], "job_id": reply["job_id"]}) + b"\n")
             self.keys_file.flush()
             os.fsync(self.keys_file.fileno())
         return encode("JobAccepted", reply.fields, reply_to=msg.id)
+
+    def on_upload_chunk(self, msg: Message):
+        return encode("UploadAck", self._forward(self._storage(), msg).fields, reply_to=msg.id)
 
     def on_status(self, msg: Message):
         return encode("JobStatus", self._forward(self._scheduler(), msg).fields, reply_to=msg.id)

@@ -1,5 +1,9 @@
-"""The storage node: job results on local disk, written through a WAL with group
-commit, first writer wins, served back from resumable offsets.
+"""The storage node: job inputs and results on local disk.
+
+Inputs arrive inline, in chunks or by path and are checked once (`input_store.py`);
+the scheduler reads them in pages. Results are written through a WAL with group
+commit, first writer wins, served back from resumable offsets, and compacted into
+JSONL and Parquet shards once every item of the job has its result.
 
 Durability domain: this node's disk. A WriteAck is sent only after the fsync that
 covers its records, so an acknowledged result survives a crash of any process.
@@ -9,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
+import threading
 from pathlib import Path
 
+from shoal.generate_input import InputError
+from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -20,7 +27,7 @@ from shoal.protocol.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 READ_LIMIT = 1000  # records per ResultBatch
-_JOB_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+INPUT_PAGE_BYTES = 16 << 20  # an InputBatch stays well under the message cap
 
 
 class StorageNode(Node):
@@ -29,14 +36,52 @@ class StorageNode(Node):
     def __init__(self, node_id: str, data_dir: str | Path, **kw):
         self.dir = Path(data_dir)
         self.logs: dict[str, ResultLog] = {}
+        self.inputs = InputStore(self.dir)
+        self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
+        self._compactions: list[threading.Thread] = []
         super().__init__(node_id, **kw)
 
     def handler_table(self) -> dict:
-        return {"WriteResults": self.on_write_results, "Subscribe": self.on_subscribe}
+        return {"WriteResults": self.on_write_results, "Subscribe": self.on_subscribe,
+                "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input}
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def on_upload_chunk(self, msg: Message):
+        data = msg.blobs["data"]
+        try:
+            self.inputs.put_chunk(msg["upload_id"], msg["index"], bytes(data))
+        except InputError as e:
+            raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
+        self.counters["upload.bytes"] += len(data)
+        return encode("UploadAck", {"upload_id": msg["upload_id"], "index": msg["index"], "bytes": len(data)},
+                      reply_to=msg.id)
+
+    def on_ingest(self, msg: Message):
+        try:
+            total = self.inputs.ingest(check_name("job_id", msg["job_id"]), msg["items"], msg["upload_id"],
+                                       msg["input_path"])
+        except InputError as e:
+            raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
+        log.info("[input] %s: %d items stored", msg["job_id"], total)
+        return encode("InputReady", {"job_id": msg["job_id"], "total": total}, reply_to=msg.id)
+
+    def on_read_input(self, msg: Message):
+        if msg["offset"] < 0 or msg["limit"] <= 0:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "ReadInput needs offset >= 0 and limit > 0")
+        try:
+            items = self.inputs.read(check_name("job_id", msg["job_id"]), msg["offset"], msg["limit"], INPUT_PAGE_BYTES)
+        except InputError as e:
+            raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
+        return encode("InputBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "items": items}, reply_to=msg.id)
+
+    # -- results -----------------------------------------------------------------------------
 
     def _log(self, job_id: str) -> ResultLog:
-        if not _JOB_ID.match(job_id):
-            raise ProtocolError(ProtocolError.INVALID_FIELD, f"job_id {job_id!r} is not a valid id")
+        try:
+            check_name("job_id", job_id)
+        except InputError as e:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
         if job_id not in self.logs:
             self.logs[job_id] = ResultLog(self.dir / "jobs" / job_id / "results.wal")
         return self.logs[job_id]
@@ -68,8 +113,29 @@ class StorageNode(Node):
         for identity, reply in replies:
             if reply is not None:
                 self.send(identity, reply)
+        self._compact_finished()
+
+    def _compact_finished(self) -> None:
+        """Every job whose log holds a result for each input item gets its shards, once,
+        on a thread (the log no longer changes: later writes are all duplicates)."""
+        for job_id, rl in self.logs.items():
+            if job_id in self.compacted:
+                continue
+            total = self.inputs.total(job_id)
+            if total is not None and len(rl) >= total:
+                self.compacted.add(job_id)
+                t = threading.Thread(target=self._compact, args=(job_id, rl.path), name=f"compact-{job_id}", daemon=True)
+                t.start()
+                self._compactions.append(t)
+
+    def _compact(self, job_id: str, wal: Path) -> None:
+        written = compact(wal)
+        self.counters["jobs.compacted"] += 1
+        log.info("[compact] %s: %s", job_id, ", ".join(written.values()))
 
     def close(self) -> None:
+        for t in self._compactions:
+            t.join(timeout=30)
         for rl in self.logs.values():
             rl.close()
         super().close()

@@ -11,6 +11,7 @@ class ProtocolError(ValueError):
     BLOB_COUNT = "blob_count"
     TOO_LARGE = "too_large"
     INVALID_FIELD = "invalid_field"
+    BAD_INPUT = "bad_input"  # a job's input (an item, a line of an upload or file) is wrong
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")

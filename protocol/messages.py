@@ -30,8 +30,12 @@ PONG = _declare(M("Pong", "Reply to Ping, echoing its send time.", (F("sent_at",
 # -- jobs: client <-> router -------------------------------------------------------------
 SUBMIT_JOB = _declare(M("SubmitJob", "Run a program over items; idempotent on job_key.", (
     F("job_key", "str"), F("program", "str"), F("params", "dict", dict),
-    F("items", "list", list), F("input_path", "str", "", nullable=True)),
+    F("items", "list", list), F("input_path", "str", "", nullable=True), F("upload_id", "str", "")),
     blobs=("items_jsonl",)))
+UPLOAD_CHUNK = _declare(M("UploadChunk", "One chunk of a large job input (JSONL bytes), stored on storage; re-sending a chunk is harmless.", (
+    F("upload_id", "str"), F("index", "int")), blobs=("data",), required_blobs=("data",)))
+UPLOAD_ACK = _declare(M("UploadAck", "The chunk is on storage's disk.", (
+    F("upload_id", "str"), F("index", "int"), F("bytes", "int", 0))))
 JOB_ACCEPTED = _declare(M("JobAccepted", "The job is durably recorded; duplicate=True if the key was seen before.", (
     F("job_id", "str"), F("job_key", "str"), F("total", "int", 0), F("duplicate", "bool", False))))
 JOB_STATUS_QUERY = _declare(M("JobStatusQuery", "Ask for a job's status.", (F("job_id", "str"),)))
@@ -54,10 +58,20 @@ STATS_QUERY = _declare(M("StatsQuery", "Ask a node for its counters.", ()))
 STATS = _declare(M("Stats", "A node's counters, queue depths and engine state.", (
     F("role", "str"), F("node_id", "str"), F("stats", "dict"))))
 PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids (stored), counters, load.", (
-    F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict), F("job_id", "str", ""))))
+    F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict), F("job_id", "str", ""),
+    F("failed", "list", list), F("tokens", "int", 0))))
 PROGRESS_ACK = _declare(M("ProgressAck", "The scheduler took a ProgressReport.", (F("epoch", "int", 0),)))
 SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (protocol/sequence_state.py), KV optional.", (
     F("state", "dict"),), blobs=("kv",)))
+
+# -- inputs: scheduler <-> storage ----------------------------------------------------------
+INGEST_INPUT = _declare(M("IngestInput", "Check and store a job's input (inline items, an upload, or a path storage reads).", (
+    F("job_id", "str"), F("items", "list", list), F("upload_id", "str", ""), F("input_path", "str", ""))))
+INPUT_READY = _declare(M("InputReady", "A job's input is checked and durable.", (F("job_id", "str"), F("total", "int"))))
+READ_INPUT = _declare(M("ReadInput", "Read a page of a job's stored items, in input order.", (
+    F("job_id", "str"), F("offset", "int"), F("limit", "int", 512))))
+INPUT_BATCH = _declare(M("InputBatch", "A page of a job's items from `offset`.", (
+    F("job_id", "str"), F("offset", "int"), F("items", "list"))))
 
 # -- results: worker -> storage ------------------------------------------------------------
 WRITE_RESULTS = _declare(M("WriteResults", "Result records to persist; first writer wins per item id.", (

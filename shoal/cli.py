@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -31,8 +32,7 @@ def cmd_generate(args) -> int:
     items = read_generate_items(args.input)  # every line checked before anything starts
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     params.validate()
-    payload = [{"id": it.id, "prompt": it.prompt, "prompt_token_ids": it.prompt_token_ids,
-                **({"max_tokens": it.max_tokens} if it.max_tokens else {})} for it in items]
+    payload = [it.to_record() for it in items]
     cluster = nullcontext() if args.router else LocalCluster(args.model, workers=args.workers, dtype=args.dtype)
     with cluster as local:
         router = args.router or local.router
@@ -41,7 +41,9 @@ def cmd_generate(args) -> int:
         print(f"job {job.id}: {len(items)} sequences via {router}", file=sys.stderr)
         progress = Progress(len(items), "sequences")
         tokens = failed = 0
-        with open(args.output, "wb") as out:
+        parquet = str(args.output).endswith(".parquet")
+        jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
+        with open(jsonl_path, "wb") as out:
             for rec in job.results():
                 rec.pop("margins", None)
                 tokens += len(rec.get("token_ids", []))
@@ -50,6 +52,11 @@ def cmd_generate(args) -> int:
                 progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
         progress.close()
         wall = time.perf_counter() - t0  # the job, not the local cluster's shutdown
+    if parquet:
+        from shoal.results_parquet import jsonl_to_parquet
+
+        jsonl_to_parquet(jsonl_path, args.output)
+        os.unlink(jsonl_path)
     print(f"results: {args.output}  ({len(items)} sequences, {failed} failed, "
           f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s)")
     return 0
@@ -176,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     mm.add_argument("--seed", type=int, default=0)
     mm.set_defaults(fn=cmd_make_model)
 
-    g = sub.add_parser("generate", help="run a generation job over a JSONL file")
+    g = sub.add_parser("generate", help="run a generation job over a JSONL or Parquet file")
     g.add_argument("--model", required=True)
-    g.add_argument("--input", required=True)
-    g.add_argument("--output", required=True)
+    g.add_argument("--input", required=True, help="JSONL or .parquet: id, prompt | prompt_token_ids, [max_tokens]")
+    g.add_argument("--output", required=True, help="JSONL, or Parquet if it ends in .parquet")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)

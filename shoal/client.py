@@ -10,9 +10,13 @@ No torch here: the SDK installs with `pip install shoal`.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
 
 from shoal.rpc import RemoteError, RpcClient
 
@@ -48,20 +52,48 @@ class Job:
         return self.client.rpc.request("CancelJob", {"job_id": self.id}).fields
 
 
+INLINE_BYTES = 1 << 20  # a larger input is uploaded in chunks, never sent as one message
+CHUNK_BYTES = 4 << 20
+
+
 class Client:
     def __init__(self, router: str):
         self.router = router
         self.rpc = RpcClient(router)
 
-    def submit(self, items: list[dict], program: str = "generate", params: dict | None = None,
-               job_key: str | None = None, retries: int = 50) -> Job:
-        """Submits a job; the same job_key submitted again returns the same job."""
+    def submit(self, items: list[dict] | None = None, program: str = "generate", params: dict | None = None,
+               job_key: str | None = None, input_path: str | None = None, retries: int = 50) -> Job:
+        """Submits a job; the same job_key submitted again returns the same job.
+
+        Give the items, or `input_path`: a JSONL or Parquet file the storage node reads
+        itself (on its own disk or a shared one). Items are checked on storage before
+        the job is accepted; a bad one fails the submit with its place named."""
+        if (items is None) == (input_path is None):
+            raise ValueError("give items or input_path")
         key = job_key or uuid.uuid4().hex
+        fields = {"job_key": key, "program": program, "params": params or {}}
+        if input_path is not None:
+            fields["input_path"] = str(Path(input_path).resolve())
+        else:
+            data = b"".join(orjson.dumps(it) + b"\n" for it in items)
+            if len(data) <= INLINE_BYTES:
+                fields["items"] = items
+            else:
+                fields["upload_id"] = "u-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+                self._upload(fields["upload_id"], data)
+        reply = self._request_retrying("SubmitJob", fields, retries, timeout=600)
+        return Job(self, reply["job_id"], reply["total"])
+
+    def _upload(self, upload_id: str, data: bytes) -> None:
+        for index, start in enumerate(range(0, len(data), CHUNK_BYTES)):
+            chunk = memoryview(data)[start:start + CHUNK_BYTES]
+            self._request_retrying("UploadChunk", {"upload_id": upload_id, "index": index}, 50, blobs={"data": chunk})
+
+    def _request_retrying(self, msg_type: str, fields: dict, retries: int, blobs: dict | None = None,
+                          timeout: float = 60.0):
         for attempt in range(retries):
             try:
-                reply = self.rpc.request("SubmitJob", {"job_key": key, "program": program, "params": params or {},
-                                                       "items": items})
-                return Job(self, reply["job_id"], reply["total"])
+                return self.rpc.request(msg_type, fields, blobs, timeout=timeout)
             except RemoteError as e:
                 if e.code != "unavailable" or attempt == retries - 1:
                     raise

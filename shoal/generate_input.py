@@ -1,10 +1,14 @@
-"""Reading `shoal generate` input: JSONL lines `{"id", "prompt" | "prompt_token_ids", ["max_tokens"]}`.
+"""Reading `generate` job input: records `{"id", "prompt" | "prompt_token_ids", ["max_tokens"]}`
+from JSONL lines or Parquet rows.
 
-Every problem is reported with its line number before any work starts.
+Every problem is reported with its place (file and line, or upload and line) before
+any work starts. The same checks run in the CLI (on the user's file) and on the storage
+node (on an upload or a file referenced by path), so a job that starts is well formed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,38 +26,80 @@ class GenerateItem:
     prompt_token_ids: list[int] | None
     max_tokens: int | None
 
+    def to_record(self) -> dict:
+        rec = {"id": self.id}
+        if self.prompt is not None:
+            rec["prompt"] = self.prompt
+        else:
+            rec["prompt_token_ids"] = self.prompt_token_ids
+        if self.max_tokens is not None:
+            rec["max_tokens"] = self.max_tokens
+        return rec
 
-def read_generate_items(path: str | Path) -> list[GenerateItem]:
+
+class ItemChecker:
+    """Checks records one by one, remembering ids to refuse duplicates."""
+
+    def __init__(self):
+        self.seen: dict = {}
+
+    def check(self, rec, where: str, place: int) -> GenerateItem:
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise InputError(f"{where}: each line must be an object with an \"id\"")
+        rid = rec["id"]
+        if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+            raise InputError(f"{where}: id must be a string or an integer, got {rid!r}")
+        if rid in self.seen:
+            raise InputError(f"{where}: duplicate id {rid!r} (first on line {self.seen[rid]})")
+        self.seen[rid] = place
+        prompt, ids = rec.get("prompt"), rec.get("prompt_token_ids")
+        if (prompt is None) == (ids is None):
+            raise InputError(f"{where}: give exactly one of \"prompt\" and \"prompt_token_ids\"")
+        if prompt is not None and not isinstance(prompt, str):
+            raise InputError(f"{where}: prompt must be a string")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            raise InputError(f"{where}: prompt_token_ids must be a list of integers")
+        mt = rec.get("max_tokens")
+        if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
+            raise InputError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
+        return GenerateItem(rid, prompt, ids, mt)
+
+
+def parse_jsonl(lines: Iterable[bytes], name: str) -> Iterator[tuple[str, int, object]]:
+    """(where, line number, record) for every non-blank line; a bad line raises with its place."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            yield where, lineno, orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            raise InputError(f"{where}: not valid JSON ({e})") from None
+
+
+def read_records(path: str | Path) -> Iterator[tuple[str, int, object]]:
+    """Records of a JSONL file, or of a Parquet file (by its suffix), with their places."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"input file {path} does not exist")
-    items, seen = [], {}
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as e:  # pyarrow raises several kinds for a file that is not Parquet
+            raise InputError(f"{path}: not a readable Parquet file ({e})") from None
+        row = 0
+        for batch in pf.iter_batches(batch_size=4096):
+            for rec in batch.to_pylist():
+                row += 1
+                rec = {k: v for k, v in rec.items() if v is not None}
+                yield f"{path}:row {row}", row, rec
+        return
     with path.open("rb") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError as e:
-                raise InputError(f"{where}: not valid JSON ({e})") from None
-            if not isinstance(rec, dict) or "id" not in rec:
-                raise InputError(f"{where}: each line must be an object with an \"id\"")
-            rid = rec["id"]
-            if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-                raise InputError(f"{where}: id must be a string or an integer, got {rid!r}")
-            if rid in seen:
-                raise InputError(f"{where}: duplicate id {rid!r} (first on line {seen[rid]})")
-            seen[rid] = lineno
-            prompt, ids = rec.get("prompt"), rec.get("prompt_token_ids")
-            if (prompt is None) == (ids is None):
-                raise InputError(f"{where}: give exactly one of \"prompt\" and \"prompt_token_ids\"")
-            if prompt is not None and not isinstance(prompt, str):
-                raise InputError(f"{where}: prompt must be a string")
-            if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
-                raise InputError(f"{where}: prompt_token_ids must be a list of integers")
-            mt = rec.get("max_tokens")
-            if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
-                raise InputError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
-            items.append(GenerateItem(rid, prompt, ids, mt))
-    return items
+        yield from parse_jsonl(fh, str(path))
+
+
+def read_generate_items(path: str | Path) -> list[GenerateItem]:
+    checker = ItemChecker()
+    return [checker.check(rec, where, place) for where, place, rec in read_records(path)]

@@ -163,6 +163,8 @@ class WorkerNode(Node):
                     # an item that a crash could still lose.
                     self._deliver(clients, job["report_to"], "ProgressReport",
                                   {"node_id": self.node_id, "job_id": job_id, "finished": [r["id"] for r in records],
+                                   "failed": [r["id"] for r in records if r.get("finish_reason") == "error"],
+                                   "tokens": sum(len(r.get("token_ids", ())) for r in records),
                                    "stats": {"held": self.held()}}, f"progress of {job_id}")
 
     def held(self) -> int:

@@ -64,3 +64,22 @@ def test_up_detached_and_down(tiny_model, tmp_path):
     assert down.returncode == 0 and "stopped" in down.stdout
     again = run_cli("down", "--dir", str(state))
     assert again.returncode == 2 and "no cluster recorded" in again.stderr
+
+
+def test_parquet_input_and_output(tiny_model, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": f"p{i}", "prompt_token_ids": [5 + i, 7, 9], "max_tokens": 3 + i} for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    out = tmp_path / "out.parquet"
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(tmp_path / "in.parquet"), "--output", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert sorted(got) == [r["id"] for r in rows]
+    eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
+    for r in rows:
+        ref = eng.generate([r["prompt_token_ids"]], SamplingParams(max_tokens=r["max_tokens"], return_margins=True))[0]
+        cmp = compare_outputs(got[r["id"]]["token_ids"], ref.token_ids, [ref.margins])
+        assert cmp, f"{r['id']}: {cmp.detail}"
+    assert not list(tmp_path.glob("*.part"))

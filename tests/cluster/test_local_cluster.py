@@ -5,6 +5,7 @@ in-process, idempotent on the job key."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -12,6 +13,15 @@ import shoal
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 from shoal.output_compare import compare_outputs
 from shoal.sampling import SamplingParams
+
+
+def wait_until(cond, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
 
 
 def send_bad_messages_to_every_node(cluster):
@@ -34,13 +44,28 @@ def send_bad_messages_to_every_node(cluster):
         c.close()
 
 
+def check_input_by_path(client, tmp_path):
+    """A job whose input storage reads from a path; a bad file is refused with its line."""
+    path = tmp_path / "by-path.jsonl"
+    path.write_bytes(b'{"id": "x1", "prompt_token_ids": [3, 4]}\n{"id": "x2", "prompt": "The"}\n')
+    job = client.submit(input_path=path, params={"max_tokens": 2})
+    assert job.total == 2
+    assert sorted(r["id"] for r in job.wait(timeout=60)) == ["x1", "x2"]
+    path.write_bytes(b'{"id": "x1", "prompt": "a"}\n{"id": "x1", "prompt": "b"}\n')
+    with pytest.raises(shoal.rpc.RemoteError, match=r"bad_input: .*by-path.jsonl:2: duplicate id 'x1'"):
+        client.submit(input_path=path)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
-def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers):
+def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers, monkeypatch):
     r = random.Random(21)
     prompts = [[r.randrange(511) for _ in range(r.randint(1, 100))] for _ in range(30)]
     params = SamplingParams(max_tokens=16, ignore_eos=True, return_margins=True)
     items = [{"id": f"q{i}", "prompt_token_ids": p} for i, p in enumerate(prompts)]
     items.append({"id": "bad", "prompt_token_ids": []})
+    if workers == 2:  # this job's input goes up in chunks, as a large one would
+        monkeypatch.setattr(shoal.client, "INLINE_BYTES", 512)
+        monkeypatch.setattr(shoal.client, "CHUNK_BYTES", 700)
     with shoal.LocalCluster(tiny_model, workers=workers, state_dir=tmp_path / "c", policy="mb", worker_threads=1) as cluster:
         client = shoal.Client(cluster.router)
         job = client.submit(items, params=params.to_dict(), job_key="job-A")
@@ -48,8 +73,15 @@ def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers):
         assert again.id == job.id
         if workers == 1:
             send_bad_messages_to_every_node(cluster)
+            check_input_by_path(client, tmp_path)
         results = job.wait(timeout=180)
-        assert job.status()["state"] == "done"
+        status = job.status()
+        assert (status["state"], status["done"], status["failed"]) == ("done", 31, 1) and status["tokens_per_s"] > 0
+        shards = tmp_path / "c" / "storage" / "jobs" / job.id
+        assert wait_until(lambda: (shards / "results.parquet").exists(), 10), "no compacted shards"
+        assert (shards / "results.jsonl").read_bytes().count(b"\n") == len(items)
+        uploads = tmp_path / "c" / "storage" / "uploads"
+        assert not uploads.exists() or not any(uploads.iterdir())
         # Reattach by id and read again from an offset: the same records.
         tail = list(client.job(job.id).results(offset=len(results) - 5))
         assert tail == results[-5:]

@@ -114,3 +114,41 @@ def test_bad_messages_get_errors_while_a_job_writes(storage):
     assert proc.poll() is None and len(written) > 0
     got = c.request("Subscribe", {"job_id": "live", "offset": 0})["records"]
     assert [r["id"] for r in got] == written[: len(got)] and len(got) == len(written)
+
+
+def test_chunked_input_paged_reads_and_compacted_shards(tmp_path):
+    import pyarrow.parquet as pq
+
+    proc, address = start_storage(tmp_path / "st")
+    try:
+        c = RpcClient(address)
+        items = [{"id": f"i{n}", "prompt": "word " * n} for n in range(300)]
+        data = b"".join(orjson.dumps(it) + b"\n" for it in items)
+        for index in range(0, len(data) // 4096 + 1):
+            ack = c.request("UploadChunk", {"upload_id": "up1", "index": index}, {"data": data[index * 4096:(index + 1) * 4096]})
+            assert ack["index"] == index
+        with pytest.raises(RemoteError, match="bad_input: upload nope has no chunks"):
+            c.request("IngestInput", {"job_id": "jb", "upload_id": "nope"})
+        assert c.request("IngestInput", {"job_id": "jb", "upload_id": "up1"})["total"] == 300
+        got, offset = [], 0
+        while offset < 300:
+            page = c.request("ReadInput", {"job_id": "jb", "offset": offset, "limit": 128})["items"]
+            got += page
+            offset += len(page)
+        assert got == items
+        # Results arrive (one twice); once every item has one, the shards appear.
+        c.request("WriteResults", {"job_id": "jb", "records": [{"id": it["id"], "text": "r"} for it in items[:200]]})
+        assert not (tmp_path / "st" / "jobs" / "jb" / "results.parquet").exists()
+        c.request("WriteResults", {"job_id": "jb", "records": [{"id": it["id"], "text": "r"} for it in items[199:]]})
+        shard = tmp_path / "st" / "jobs" / "jb" / "results.parquet"
+        for _ in range(100):
+            if shard.exists():
+                break
+            threading.Event().wait(0.1)
+        table = pq.read_table(shard)
+        assert table.num_rows == 300 and sorted(table.column("id").to_pylist()) == sorted(it["id"] for it in items)
+        stats = c.request("StatsQuery")["stats"]["counters"]
+        assert stats["jobs.compacted"] == 1 and stats["records.duplicate"] == 1
+    finally:
+        proc.kill()
+        proc.wait()

@@ -15,8 +15,11 @@ from protocol_examples import EXAMPLES
 from shoal.protocol.codec import decode, encode, error_reply
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.messages import MESSAGES
+from shoal.protocol.version import PROTOCOL_MAJOR, PROTOCOL_MINOR
 
-GOLDEN = Path(__file__).with_name("golden")
+GOLDEN_ROOT = Path(__file__).with_name("golden")
+GOLDEN = GOLDEN_ROOT / f"v{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
+OLDER = sorted(p for p in GOLDEN_ROOT.glob(f"v{PROTOCOL_MAJOR}.*/*.json") if p.parent != GOLDEN)
 
 
 def test_every_message_type_has_an_example():
@@ -45,6 +48,17 @@ def test_golden_encoding(name):
     stored = [base64.b64decode(f) for f in json.loads(path.read_text())]
     assert [bytes(f) for f in frames] == stored
     assert decode(stored).fields == MESSAGES[name].fill(fields)
+
+
+@pytest.mark.parametrize("path", OLDER, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_older_minor_versions_still_decode(path):
+    """A node of an older minor version keeps working with this one: its messages
+    decode, and the fields added since take their defaults."""
+    stored = [base64.b64decode(f) for f in json.loads(path.read_text())]
+    msg, sent = decode(stored), orjson.loads(stored[0])["f"]
+    assert {k: v for k, v in msg.fields.items() if k in sent} == sent
+    added = [f for f in MESSAGES[path.stem].fields if f.name not in sent]
+    assert all(msg.fields[f.name] == (f.default() if callable(f.default) else f.default) for f in added)
 
 
 def header(**over):

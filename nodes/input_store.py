@@ -1,0 +1,144 @@
+"""Job inputs on the storage node's disk.
+
+A job's input arrives one of three ways: items inline in the submit (small jobs), an
+upload sent in chunks (large jobs; no single message carries it all), or a path the
+storage node can read (JSONL or Parquet, e.g. on shared disk). Ingesting checks every
+record (ids unique, each a well-formed item) and writes one normalized JSONL file per
+job, made durable before the job is accepted; the scheduler then reads it in pages, so
+neither it nor any message ever holds a whole large input.
+
+Layout under the node's directory:
+    uploads/<upload_id>/<index>.part   chunks as received (a re-sent chunk replaces itself)
+    jobs/<job_id>/input.jsonl          the checked, normalized items, in input order
+    jobs/<job_id>/input.json           {"total": N}; written last, so it marks a complete ingest
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from shoal.generate_input import InputError, ItemChecker, parse_jsonl, read_records
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Ids become directory names: refuse anything that could leave the data directory."""
+    if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+        raise InputError(f"{kind} {name!r} is not a valid id (letters, digits, '.', '_', '-')")
+    return name
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class InputStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._offsets: dict[str, list[int]] = {}  # job -> byte offset of each item line
+        self._totals: dict[str, int] = {}
+
+    # -- uploads -------------------------------------------------------------------------------
+
+    def put_chunk(self, upload_id: str, index: int, data: bytes) -> None:
+        if index < 0:
+            raise InputError(f"upload {upload_id}: chunk index must be >= 0, got {index}")
+        d = self.root / "uploads" / check_name("upload_id", upload_id)
+        d.mkdir(parents=True, exist_ok=True)
+        _write_atomic(d / f"{index:08d}.part", data)
+
+    def _upload_lines(self, upload_id: str) -> Iterator[bytes]:
+        d = self.root / "uploads" / check_name("upload_id", upload_id)
+        parts = sorted(d.glob("*.part")) if d.is_dir() else []
+        if not parts:
+            raise InputError(f"upload {upload_id} has no chunks")
+        indices = [int(p.stem) for p in parts]
+        if indices != list(range(len(parts))):
+            missing = sorted(set(range(max(indices) + 1)) - set(indices))
+            raise InputError(f"upload {upload_id} is missing chunk {missing[0]}")
+        rest = b""
+        for p in parts:  # lines may span chunk boundaries
+            lines = (rest + p.read_bytes()).split(b"\n")
+            rest = lines.pop()
+            yield from lines
+        if rest:
+            yield rest
+
+    # -- ingest --------------------------------------------------------------------------------
+
+    def total(self, job_id: str) -> int | None:
+        if job_id not in self._totals:
+            meta = self.root / "jobs" / check_name("job_id", job_id) / "input.json"
+            if not meta.exists():
+                return None
+            self._totals[job_id] = orjson.loads(meta.read_bytes())["total"]
+        return self._totals[job_id]
+
+    def ingest(self, job_id: str, items: list | None = None, upload_id: str = "", input_path: str = "") -> int:
+        """Checks and stores a job's input once; returns its item count. Ingesting a job
+        that is already stored returns its count (the submit was retried)."""
+        known = self.total(job_id)
+        if known is not None:
+            if upload_id:  # the upload was re-sent by a retried submit: not needed again
+                shutil.rmtree(self.root / "uploads" / check_name("upload_id", upload_id), ignore_errors=True)
+            return known
+        sources = [s for s in (items, upload_id, input_path) if s]
+        if len(sources) > 1:
+            raise InputError("give a job's input one way: items, an upload or a path")
+        if upload_id:
+            records = parse_jsonl(self._upload_lines(upload_id), f"upload {upload_id}")
+        elif input_path:
+            records = read_records(input_path)
+        else:
+            records = ((f"item {i}", i, rec) for i, rec in enumerate(items or [], 1))
+        d = self.root / "jobs" / job_id
+        d.mkdir(parents=True, exist_ok=True)
+        checker, total = ItemChecker(), 0
+        tmp = d / "input.jsonl.tmp"
+        with open(tmp, "wb") as out:
+            for where, place, rec in records:
+                out.write(orjson.dumps(checker.check(rec, where, place).to_record()) + b"\n")
+                total += 1
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, d / "input.jsonl")
+        _write_atomic(d / "input.json", orjson.dumps({"total": total}))
+        if upload_id:
+            shutil.rmtree(self.root / "uploads" / upload_id, ignore_errors=True)
+        return total
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read(self, job_id: str, offset: int, limit: int, max_bytes: int) -> list[dict]:
+        """Items [offset, offset + limit) in input order, fewer if they pass max_bytes."""
+        if self.total(job_id) is None:
+            raise InputError(f"job {job_id} has no stored input")
+        path = self.root / "jobs" / job_id / "input.jsonl"
+        if job_id not in self._offsets:
+            data, offs, pos = path.read_bytes(), [], 0
+            while pos < len(data):
+                offs.append(pos)
+                pos = data.index(b"\n", pos) + 1
+            self._offsets[job_id] = offs
+        out, size = [], 0
+        with open(path, "rb") as fh:
+            for start in self._offsets[job_id][offset: offset + limit]:
+                fh.seek(start)
+                line = fh.readline()
+                if out and size + len(line) > max_bytes:
+                    break
+                out.append(orjson.loads(line))
+                size += len(line)
+        return out

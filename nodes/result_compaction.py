@@ -1,0 +1,45 @@
+"""Compacting a finished job's result log into shards: `results.jsonl` and `results.parquet`.
+
+The write-ahead log already holds each item's first result once; compaction turns it
+into files people read with their own tools. It streams (a million results never sit
+in memory at once) and writes each file beside a `.tmp` name first, so a crash leaves
+either the whole shard or none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import orjson
+
+from shoal.results_parquet import iter_jsonl, jsonl_to_parquet
+
+log = logging.getLogger(__name__)
+
+
+def write_jsonl(wal: Path, out: Path) -> None:
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        for rec in iter_jsonl(wal):
+            fh.write(orjson.dumps(rec) + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, out)
+
+
+def compact(wal: str | Path) -> dict[str, str]:
+    """Writes the shards beside the log; returns what was written. A Parquet failure
+    (e.g. a field whose type changes between records) is logged and the JSONL shard
+    still stands."""
+    wal = Path(wal)
+    written = {}
+    write_jsonl(wal, wal.with_name("results.jsonl"))
+    written["jsonl"] = str(wal.with_name("results.jsonl"))
+    try:
+        jsonl_to_parquet(wal, wal.with_name("results.parquet"))
+        written["parquet"] = str(wal.with_name("results.parquet"))
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors have many types; the JSONL shard stands
+        log.warning("[compact] %s: no Parquet shard (%s)", wal.parent.name, e)
+    return written

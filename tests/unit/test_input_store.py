@@ -1,0 +1,87 @@
+"""Job inputs on storage: chunked uploads reassembled across line boundaries, every
+record checked with its place named, one durable normalized copy read back in pages."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shoal.generate_input import InputError
+from shoal.nodes.input_store import InputStore
+
+
+def jsonl(items):
+    return b"".join(orjson.dumps(it) + b"\n" for it in items)
+
+
+ITEMS = [{"id": i, "prompt": f"prompt number {i}" * (i % 3 + 1), **({"max_tokens": i} if i % 4 else {})}
+         for i in range(1, 41)]
+
+
+def test_upload_in_chunks_that_split_lines(tmp_path):
+    store = InputStore(tmp_path)
+    data = jsonl(ITEMS)
+    chunks = [data[i:i + 97] for i in range(0, len(data), 97)]
+    for index, chunk in reversed(list(enumerate(chunks))):  # arrival order does not matter
+        store.put_chunk("u1", index, chunk)
+    store.put_chunk("u1", 3, chunks[3])  # a re-sent chunk replaces itself
+    assert store.ingest("job1", upload_id="u1") == 40
+    assert not (tmp_path / "uploads" / "u1").exists()
+    assert store.read("job1", 0, 100, 1 << 20) == ITEMS
+    assert store.read("job1", 38, 10, 1 << 20) == ITEMS[38:]
+    # A page stops at the byte limit but always carries at least one item.
+    page = store.read("job1", 0, 100, 200)
+    assert 1 <= len(page) < 40 and page == ITEMS[:len(page)]
+    assert store.read("job1", 0, 1, 1) == ITEMS[:1]
+    # Ingesting again (a retried submit) changes nothing.
+    assert store.ingest("job1", upload_id="u1") == 40
+    assert InputStore(tmp_path).read("job1", 5, 2, 1 << 20) == ITEMS[5:7]
+
+
+def test_inline_items_and_paths(tmp_path):
+    store = InputStore(tmp_path / "st")
+    assert store.ingest("a", items=ITEMS[:3]) == 3
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(jsonl(ITEMS) + b"\n\n")
+    assert store.ingest("b", input_path=str(path)) == 40
+    table = pa.Table.from_pylist([{"id": f"r{i}", "prompt_token_ids": [i, i + 1]} for i in range(5)])
+    pq.write_table(table, tmp_path / "in.parquet")
+    assert store.ingest("c", input_path=str(tmp_path / "in.parquet")) == 5
+    assert store.read("c", 4, 1, 1 << 20) == [{"id": "r4", "prompt_token_ids": [4, 5]}]
+    assert store.ingest("empty", items=[]) == 0
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', r"upload u:2: duplicate id 1 \(first on line 1\)"),
+    (b'{"id": 1, "prompt": "a"}\n{"id": 2, "prom', r"upload u:2: not valid JSON"),
+    (b'{"id": 1, "prompt_token_ids": [1, "x"]}\n', r"upload u:1: .*list of integers"),
+])
+def test_bad_uploads_name_the_line_and_store_nothing(tmp_path, body, message):
+    store = InputStore(tmp_path)
+    store.put_chunk("u", 0, body)
+    with pytest.raises(InputError, match=message):
+        store.ingest("j", upload_id="u")
+    assert store.total("j") is None
+    with pytest.raises(InputError, match="no stored input"):
+        store.read("j", 0, 1, 100)
+
+
+def test_missing_chunks_paths_and_names(tmp_path):
+    store = InputStore(tmp_path)
+    store.put_chunk("u", 0, b'{"id": 1, "prompt": "a"}\n')
+    store.put_chunk("u", 2, b'{"id": 2, "prompt": "a"}\n')
+    with pytest.raises(InputError, match="upload u is missing chunk 1"):
+        store.ingest("j", upload_id="u")
+    with pytest.raises(InputError, match="upload nothing has no chunks"):
+        store.ingest("j", upload_id="nothing")
+    with pytest.raises(InputError, match="does not exist"):
+        store.ingest("j", input_path=str(tmp_path / "absent.jsonl"))
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError, match="not a readable Parquet file"):
+        store.ingest("j", input_path=str(tmp_path / "bad.parquet"))
+    with pytest.raises(InputError, match="not a valid id"):
+        store.put_chunk("../x", 0, b"")
+    with pytest.raises(InputError, match="one way"):
+        store.ingest("j", items=[{"id": 1, "prompt": "a"}], upload_id="u")
