@@ -121,9 +121,13 @@ class InputStore:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, job_id: str, offset: int, limit: int, max_bytes: int) -> list[dict]:
-        """Items [offset, offset + limit) in input order, fewer if they pass max_bytes."""
-        if self.total(job_id) is None:
+    def read(self, job_id: str, offset: int, limit: int, max_bytes: int, keep=None,
+             scan: int = 1 << 14) -> tuple[list[dict], int]:
+        """Up to `limit` items from input position `offset`, fewer if they pass
+        max_bytes, and the position to read next. With `keep` (a predicate on an
+        item), only the items it keeps; up to `scan` lines are looked at per call."""
+        total = self.total(job_id)
+        if total is None:
             raise InputError(f"job {job_id} has no stored input")
         path = self.root / "jobs" / job_id / "input.jsonl"
         if job_id not in self._offsets:
@@ -132,13 +136,18 @@ class InputStore:
                 offs.append(pos)
                 pos = data.index(b"\n", pos) + 1
             self._offsets[job_id] = offs
-        out, size = [], 0
+        offs = self._offsets[job_id]
+        out, size, pos = [], 0, offset
         with open(path, "rb") as fh:
-            for start in self._offsets[job_id][offset: offset + limit]:
-                fh.seek(start)
+            if pos < total:
+                fh.seek(offs[pos])
+            while pos < total and len(out) < limit and pos - offset < scan:
                 line = fh.readline()
                 if out and size + len(line) > max_bytes:
                     break
-                out.append(orjson.loads(line))
-                size += len(line)
-        return out
+                pos += 1
+                item = orjson.loads(line)
+                if keep is None or keep(item):
+                    out.append(item)
+                    size += len(line)
+        return out, pos

@@ -85,9 +85,10 @@ class Election:
         return (value.decode(), meta.create_revision) if value is not None else (None, 0)
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+        lease = self.lease
+        while not self._stop.wait(self.ttl / 3) and self.lease is lease:
             try:
-                deadline = refresh_deadline(self.lease)
+                deadline = refresh_deadline(lease)
                 if deadline is not None:
                     self.deadline = deadline
                 else:
@@ -96,6 +97,15 @@ class Election:
                     return
             except Exception as e:
                 log.warning("[leader] lease refresh failed: %s", e)
+
+    def step_down(self) -> None:
+        """Lets go of a lost (or losing) leadership so that this node can campaign again."""
+        lease, self.lease, self.deadline = self.lease, None, 0.0
+        if lease is not None:
+            try:
+                lease.revoke()
+            except Exception:
+                pass  # expired already, or etcd unreachable: it expires on its own
 
     def resign(self) -> None:
         self._stop.set()

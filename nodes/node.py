@@ -66,7 +66,11 @@ class Node:
 
     def stats(self) -> dict:
         """What `shoal nodes` and the metrics endpoint show; roles add their own."""
-        return {"counters": dict(self.counters), "uptime_s": time.time() - self.started, "address": self.advertise}
+        out = {"counters": dict(self.counters), "uptime_s": time.time() - self.started, "address": self.advertise}
+        injected = getattr(self.sock, "injected", None)  # a fault plan is on (sockets.py)
+        if injected is not None:
+            out["faults_injected"] = dict(injected)
+        return out
 
     def on_stats(self, msg: Message):
         return encode("Stats", {"role": self.role, "node_id": self.node_id, "stats": self.stats()}, reply_to=msg.id)

@@ -21,6 +21,7 @@ class ResultLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.offsets: list[int] = []  # byte offset of each record, in log order
         self.ids: set[bytes] = set()
+        self.failed = 0  # records whose finish_reason is "error"
         self._recover()
         self.fh = open(self.path, "ab")
         self._dirty = False
@@ -43,6 +44,7 @@ class ResultLog:
                 break
             self.offsets.append(pos)
             self.ids.add(key)
+            self.failed += rec.get("finish_reason") == "error"
             pos = good = end + 1
         if good < len(data):
             with open(self.path, "r+b") as fh:
@@ -50,6 +52,10 @@ class ResultLog:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def __contains__(self, item_id) -> bool:
+        """Whether the item with this id has its result here."""
+        return orjson.dumps(item_id) in self.ids
 
     def append(self, records: list[dict]) -> tuple[int, int]:
         """Buffers new records; returns (written, duplicates). Durable after commit()."""
@@ -63,6 +69,7 @@ class ResultLog:
             self.offsets.append(self.fh.tell())
             self.fh.write(line)
             self.ids.add(key)
+            self.failed += rec.get("finish_reason") == "error"
             written += 1
         self._dirty = self._dirty or written > 0
         return written, dup

@@ -19,7 +19,7 @@ from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import RemoteError, RpcClient
+from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,12 @@ class RouterNode(Node):
             self.clients[address] = RpcClient(address, self.ctx)
         return self.clients[address]
 
-    def _forward(self, address: str, msg: Message, timeout: float = 30.0) -> Message:
+    def _forward(self, address: str, msg: Message, timeout: float = DEFAULT_TIMEOUT_S) -> Message:
         try:
-            return self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout)
+            # Every request a router forwards is idempotent: one lost message is re-sent.
+            return self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout, retries=1)
         except RemoteError as e:
-            raise ProtocolError(e.code, str(e)) from None
+            raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
         except TimeoutError:
             self.clients.pop(address).close()
             raise ProtocolError("unavailable", f"{address} did not answer {msg.type}") from None
@@ -82,7 +83,8 @@ class RouterNode(Node):
             raise ProtocolError(ProtocolError.INVALID_FIELD, "job_key must not be empty")
         if msg.blobs:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "send a large input as UploadChunk messages, then submit its upload_id")
-        reply = self._forward(self._scheduler(), msg, timeout=INGEST_TIMEOUT_S + 10)
+        large = msg["upload_id"] or msg["input_path"]  # storage checks it before the reply
+        reply = self._forward(self._scheduler(), msg, timeout=INGEST_TIMEOUT_S + 10 if large else DEFAULT_TIMEOUT_S)
         if msg["job_key"] not in self.keys:
             self.keys[msg["job_key"]] = reply["job_id"]
             self.keys_file.write(orjson.dumps({"key": msg["job_key"], "job_id": reply["job_id"]}) + b"\n")
@@ -94,16 +96,24 @@ class RouterNode(Node):
         return encode("UploadAck", self._forward(self._storage(), msg).fields, reply_to=msg.id)
 
     def on_status(self, msg: Message):
-        return encode("JobStatus", self._forward(self._scheduler(), msg).fields, reply_to=msg.id)
+        return encode("JobStatus", self._status(msg["job_id"]), reply_to=msg.id)
+
+    def _status(self, job_id: str) -> dict:
+        """The scheduler's view of the job, with its counts from storage: the results
+        stored are the job's progress, whichever scheduler placed them."""
+        fields = dict(self._forward(self._scheduler(), Message("JobStatusQuery", {"job_id": job_id})).fields)
+        counts = self._forward(self._storage(), Message("ResultCountQuery", {"job_id": job_id}))
+        fields["done"], fields["failed"] = counts["records"], counts["failed"]
+        return fields
 
     def on_cancel(self, msg: Message):
         return encode("JobStatus", self._forward(self._scheduler(), msg).fields, reply_to=msg.id)
 
     def on_subscribe(self, msg: Message):
-        batch = self._forward(self._storage(), msg)
-        fields = dict(batch.fields)
+        # Status first: if the job is done then, every result was stored before this read.
         status = self._forward(self._scheduler(), Message("JobStatusQuery", {"job_id": msg["job_id"]}))
-        fields["final"] = status["state"] in ("done", "cancelled") and msg["offset"] + len(fields["records"]) >= status["done"]
+        fields = dict(self._forward(self._storage(), msg).fields)
+        fields["final"] = status["state"] in ("done", "cancelled") and msg["offset"] + len(fields["records"]) >= fields["available"]
         return encode("ResultBatch", fields, reply_to=msg.id)
 
     def close(self) -> None:

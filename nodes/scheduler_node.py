@@ -1,13 +1,17 @@
 """The scheduler node: one active leader, elected through etcd; standbys wait.
 
-It owns the job table and where every sequence runs: it turns a job's items into
-sequences, places them on workers within their capacity (`scheduler/placement.py`), and learns
-from the workers' batched progress reports which sequences are stored. A worker that
-leaves the member view has its unfinished sequences placed again (storage keeps the
-first result of each, so a late duplicate is harmless). Every command carries the
-leader's epoch. A job's items live on storage (checked there at submit) and are read
-in pages as workers have room. The job table itself lives in memory for now: a
-restarted scheduler does not know earlier jobs yet (the durable job log is the next step).
+It owns the job table and where every sequence runs: it reads a job's items from
+storage in pages as workers have room, places them (`scheduler/placement.py`), and
+learns from the workers' batched progress reports which ones are stored.
+
+Nothing it knows is lost with it. The job table is logged on storage (`job_log.py`); a
+job's progress is its result log there (a page read with pending_only skips the items
+that have results); where the other items run is what the workers report they hold.
+So a newly elected leader lists the jobs, asks every worker what it holds (which also
+fences the old leader off: the workers now know the new epoch), and rescans each
+running job's input for the items nobody has. Every command carries the leader's epoch.
+A duplicate execution (an item run twice across a takeover or a worker loss) is
+harmless: storage keeps the first result of each item.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from shoal.nodes.membership import MemberView
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import RemoteError, RpcClient
+from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 
 log = logging.getLogger(__name__)
@@ -34,37 +38,48 @@ PROGRAMS = ("generate",)
 DEFAULT_MAX_HELD = 256
 INPUT_PAGE = 512  # items per ReadInput
 INGEST_TIMEOUT_S = 300.0  # checking a large input file on storage takes a while
+CALL_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 
 @dataclass
 class Job:
-    """A job as the scheduler sees it. Its items stay on storage: the scheduler reads
-    them in pages as workers have room, so it holds only what is pending or placed."""
+    """A job as the scheduler sees it. Its items stay on storage: the scheduler holds
+    only those pending (read, on no worker) and which worker holds which."""
 
     job_id: str
     job_key: str
-    storage: str  # the storage node's address: inputs and results
+    program: str
     params: dict  # the job's sampling parameters; an item may set its own max_tokens
     total: int
-    cursor: int = 0  # next input offset to read from storage
-    pending: deque = field(default_factory=deque)  # assignments read but on no worker
-    placed: dict = field(default_factory=dict)  # seq_id -> (worker id, assignment)
-    done: set = field(default_factory=set)
-    failed: set = field(default_factory=set)
-    tokens: int = 0
+    storage: str  # the storage node's address: inputs, results, the job log
     state: str = "running"
+    cursor: int = 0  # next input position to read (pending items only)
+    pending: deque = field(default_factory=deque)  # assignments read but on no worker
+    pending_ids: set = field(default_factory=set)
+    placed: dict = field(default_factory=dict)  # seq_id -> worker id
+    done: int = 0  # results stored (storage's count at takeover + reports since)
+    tokens: int = 0
     started: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
 
+    def record(self) -> dict:
+        return {"job_id": self.job_id, "job_key": self.job_key, "program": self.program, "params": self.params,
+                "total": self.total, "state": self.state}
+
     def status(self) -> dict:
         elapsed = (self.finished_at or time.monotonic()) - self.started
-        return {"job_id": self.job_id, "state": self.state, "total": self.total, "done": len(self.done),
-                "failed": len(self.failed), "tokens_per_s": self.tokens / max(elapsed, 1e-9)}
+        return {"job_id": self.job_id, "state": self.state, "total": self.total, "done": self.done,
+                "tokens_per_s": self.tokens / max(elapsed, 1e-9)}
 
     def assignment(self, item: dict) -> dict:
         params = {**self.params, **({"max_tokens": item["max_tokens"]} if item.get("max_tokens") else {})}
         return {"seq_id": item["id"], "prompt": item.get("prompt"), "prompt_token_ids": item.get("prompt_token_ids"),
                 "params": params}
+
+    def rescan(self) -> None:
+        """Read the input again from the start (only items without results come back):
+        after a takeover or a lost worker, whatever nobody holds is found again."""
+        self.cursor = 0
 
 
 def job_id_for(job_key: str) -> str:
@@ -79,9 +94,22 @@ class SchedulerNode(Node):
         self.election = Election(etcd, cluster, node_id)
         self.view = MemberView(etcd, cluster).start()
         self.jobs: dict[str, Job] = {}
+        self.ready_epoch = 0  # the epoch whose state this node has rebuilt; 0: none
         self.held: dict[str, int] = {}  # worker -> sequences it holds (last report)
         self.clients: dict[str, RpcClient] = {}
-        threading.Thread(target=self.election.wait_for_leadership, name="campaign", daemon=True).start()
+        threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
+
+    def _campaign(self) -> None:
+        """Campaign, lead until the lease is lost (e.g. this process was frozen), step
+        down, and campaign again: a node that loses leadership rejoins as a standby."""
+        while not self._stop.is_set():
+            if not self.election.wait_for_leadership():
+                return
+            while self.election.is_leader() and not self._stop.is_set():
+                time.sleep(0.1)
+            if not self._stop.is_set():
+                log.warning("[leader] %s lost leadership (epoch %d); standing by", self.node_id, self.election.epoch)
+                self.election.step_down()
 
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "ProgressReport": self.on_progress,
@@ -90,37 +118,17 @@ class SchedulerNode(Node):
     def _leader(self) -> int:
         if not self.election.is_leader():
             raise ProtocolError("not_leader", f"scheduler {self.node_id} is a standby")
+        if self.ready_epoch != self.election.epoch:
+            raise ProtocolError("unavailable", f"scheduler {self.node_id} is taking over; retry")
         return self.election.epoch
 
     def stats(self) -> dict:
-        jobs = {j.job_id: {"state": j.state, "total": j.total, "done": len(j.done), "pending": len(j.pending),
-                           "placed": len(j.placed)}
-                for j in self.jobs.values()}
+        jobs = {j.job_id: {"state": j.state, "total": j.total, "done": j.done, "pending": len(j.pending),
+                           "placed": len(j.placed)} for j in self.jobs.values()}
         return {**super().stats(), "leader": self.election.is_leader(), "epoch": self.election.epoch, "jobs": jobs,
                 "held": dict(self.held)}
 
-    # -- handlers ------------------------------------------------------------------------------
-
-    def on_submit(self, msg: Message):
-        self._leader()
-        job_id = job_id_for(msg["job_key"])
-        if job_id in self.jobs:
-            job = self.jobs[job_id]
-            if msg["upload_id"]:  # a retried submit re-sent its upload: storage drops that copy
-                self._call(job.storage, "IngestInput", {"job_id": job_id, "upload_id": msg["upload_id"]}, INGEST_TIMEOUT_S)
-            return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
-                                          "duplicate": True}, reply_to=msg.id)
-        if msg["program"] not in PROGRAMS:
-            raise ProtocolError(ProtocolError.INVALID_FIELD, f"unknown program {msg['program']!r}; known: {', '.join(PROGRAMS)}")
-        storage = self._storage()
-        # The input is checked and made durable on storage before the job exists.
-        ready = self._call(storage, "IngestInput", {"job_id": job_id, "items": msg["items"], "upload_id": msg["upload_id"],
-                                                     "input_path": msg["input_path"] or ""}, INGEST_TIMEOUT_S)
-        job = Job(job_id, msg["job_key"], storage, dict(msg["params"]), ready["total"])
-        self.jobs[job_id] = job
-        self._finish_if_done(job)
-        log.info("[job] %s (%s): %d sequences", job_id, msg["job_key"], job.total)
-        return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total}, reply_to=msg.id)
+    # -- talking to storage and workers ------------------------------------------------------------
 
     def _storage(self) -> str:
         members = self.view.snapshot("storage")
@@ -128,87 +136,169 @@ class SchedulerNode(Node):
             raise ProtocolError("unavailable", "no storage node in the cluster")
         return members[min(members)].info["address"]  # the same choice the router makes
 
-    def _call(self, address: str, msg_type: str, fields: dict, timeout: float) -> Message:
+    def _call(self, address: str, msg_type: str, fields: dict, timeout: float = CALL_TIMEOUT_S) -> Message:
         try:
             client = self.clients.get(address) or self.clients.setdefault(address, RpcClient(address, self.ctx))
             return client.request(msg_type, fields, timeout=timeout)
         except RemoteError as e:
             raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
         except TimeoutError:
-            self.clients.pop(address).close()  # a late reply must not answer the next request
             raise ProtocolError("unavailable", f"{address} did not answer {msg_type}") from None
 
-    def _finish_if_done(self, job: Job) -> None:
-        if len(job.done) >= job.total and job.state == "running":
-            job.state = "done"
-            job.finished_at = time.monotonic()
-            log.info("[job] %s done in %.1fs", job.job_id, job.finished_at - job.started)
+    def _log_job(self, job: Job) -> None:
+        self._call(job.storage, "LogJob", {"epoch": self.election.epoch, "job": job.record()})
+
+    # -- handlers ----------------------------------------------------------------------------------
+
+    def on_submit(self, msg: Message):
+        epoch = self._leader()
+        job_id = job_id_for(msg["job_key"])
+        if job_id in self.jobs:
+            job = self.jobs[job_id]
+            if msg["upload_id"]:  # a retried submit re-sent its upload: storage drops that copy
+                self._call(job.storage, "IngestInput", {"job_id": job_id, "upload_id": msg["upload_id"], "epoch": epoch},
+                           INGEST_TIMEOUT_S)
+            return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
+                                          "duplicate": True}, reply_to=msg.id)
+        if msg["program"] not in PROGRAMS:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"unknown program {msg['program']!r}; known: {', '.join(PROGRAMS)}")
+        storage = self._storage()
+        # The input is checked and made durable on storage, then the job is logged there,
+        # before it is accepted: an accepted job survives any node's death.
+        ready = self._call(storage, "IngestInput", {"job_id": job_id, "items": msg["items"], "upload_id": msg["upload_id"],
+                                                     "input_path": msg["input_path"] or "", "epoch": epoch}, INGEST_TIMEOUT_S)
+        job = Job(job_id, msg["job_key"], msg["program"], dict(msg["params"]), ready["total"], storage)
+        self._log_job(job)
+        self.jobs[job_id] = job
+        log.info("[job] %s (%s): %d sequences", job_id, msg["job_key"], job.total)
+        return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total}, reply_to=msg.id)
 
     def on_progress(self, msg: Message):
         epoch = self._leader()
         self.held[msg["node_id"]] = int(msg["stats"].get("held", 0))
         job = self.jobs.get(msg["job_id"])
         if job is not None:
-            new = [sid for sid in msg["finished"] if sid not in job.done]
-            for sid in new:
-                job.done.add(sid)
-                job.placed.pop(sid, None)
-            job.failed.update(sid for sid in msg["failed"] if sid in job.done)
+            new = 0
+            for sid in msg["finished"]:
+                if job.placed.pop(sid, None) is not None:
+                    new += 1
+                elif sid in job.pending_ids:  # finished elsewhere while waiting to be placed again
+                    job.pending_ids.discard(sid)
+                    job.pending = deque(a for a in job.pending if a["seq_id"] != sid)
+                    new += 1
+            job.done += new
             if new:  # a re-sent report adds nothing
                 job.tokens += msg["tokens"]
-            self._finish_if_done(job)
         return encode("ProgressAck", {"epoch": epoch}, reply_to=msg.id)
 
     def on_status(self, msg: Message):
+        self._leader()
         job = self.jobs.get(msg["job_id"])
         if job is None:
             raise ProtocolError("unknown_job", f"no job {msg['job_id']}")
         return encode("JobStatus", job.status(), reply_to=msg.id)
 
     def on_cancel(self, msg: Message):
+        self._leader()
         job = self.jobs.get(msg["job_id"])
         if job is None:
             raise ProtocolError("unknown_job", f"no job {msg['job_id']}")
-        job.pending.clear()
-        job.cursor = job.total
         if job.state == "running":
             job.state = "cancelled"
+            self._log_job(job)
+        job.pending.clear()
+        job.pending_ids.clear()
         return encode("JobStatus", job.status(), reply_to=msg.id)
 
-    # -- placement -------------------------------------------------------------------------------
+    # -- takeover ----------------------------------------------------------------------------------
+
+    def _take_over(self) -> None:
+        """Rebuilds the job table for this epoch: the job log from storage, what each
+        worker holds. Until it has, requests get 'unavailable' and clients retry."""
+        epoch = self.election.epoch
+        self.jobs, self.held = {}, {}
+        storage = self._storage()
+        listing = self._call(storage, "ListJobs", {"epoch": epoch}, 30.0)
+        for rec in listing["jobs"]:
+            job = Job(rec["job_id"], rec["job_key"], rec["program"], rec["params"], rec["total"], storage, rec["state"])
+            job.done = rec["done"]
+            self.jobs[job.job_id] = job
+        for wid, w in self.view.snapshot("worker").items():
+            try:
+                holding = self._call(w.info["address"], "HoldingQuery", {"epoch": epoch, "report_to": self.advertise})
+            except ProtocolError as e:
+                log.warning("[takeover] worker %s did not say what it holds (%s)", wid, e)
+                continue
+            for job_id, sids in holding["jobs"].items():
+                if job_id in self.jobs:
+                    self.jobs[job_id].placed.update((sid, wid) for sid in sids)
+            self.held[wid] = sum(len(s) for s in holding["jobs"].values())
+        self.ready_epoch = epoch
+        running = [j for j in self.jobs.values() if j.state == "running"]
+        log.info("[takeover] epoch %d: %d jobs (%d running), %d sequences held by workers", epoch, len(self.jobs),
+                 len(running), sum(len(j.placed) for j in running))
+
+    # -- placement ---------------------------------------------------------------------------------
 
     def tick(self) -> None:
         if not self.election.is_leader():
+            if self.ready_epoch:
+                self.ready_epoch, self.jobs = 0, {}  # a standby now: the next leader owns the table
+            return
+        if self.ready_epoch != self.election.epoch:
+            try:
+                self._take_over()
+            except ProtocolError as e:
+                log.warning("[takeover] not yet: %s", e)
+                time.sleep(0.5)
             return
         workers = self.view.snapshot("worker")
         for job in self.jobs.values():
-            lost = [sid for sid, (w, _) in job.placed.items() if w not in workers]
-            for sid in lost:  # the worker left: place its sequences again
-                job.pending.append(job.placed.pop(sid)[1])
-            if lost:
+            lost = [sid for sid, w in job.placed.items() if w not in workers]
+            for sid in lost:
+                del job.placed[sid]
+            if lost:  # the worker left: its items are found again by a rescan
                 log.warning("[job] %s: %d sequences of departed workers placed again", job.job_id, len(lost))
+                job.rescan()
         capacity = sum(int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2 for w in workers.values())
         for job in self.jobs.values():
-            if job.state != "running" or not workers:
+            if job.state != "running":
                 continue
-            self._read_inputs(job, want=capacity)
-            if job.pending:
-                self._place(job, workers)
+            try:
+                if workers:
+                    self._read_inputs(job, want=capacity)
+                    if job.pending:
+                        self._place(job, workers)
+                self._finish_if_done(job)
+            except ProtocolError as e:
+                log.warning("[job] %s: %s; retrying", job.job_id, e)
 
     def _read_inputs(self, job: Job, want: int) -> None:
-        """Reads pages of the job's input until enough is pending to fill the workers."""
+        """Reads pages of the job's unfinished items until enough are pending to fill
+        the workers, skipping those already pending or placed."""
         while len(job.pending) < want and job.cursor < job.total:
-            try:
-                page = self._call(job.storage, "ReadInput", {"job_id": job.job_id, "offset": job.cursor,
-                                                             "limit": INPUT_PAGE}, 30.0)
-            except ProtocolError as e:
-                log.warning("[input] %s: reading items at %d failed (%s); retrying", job.job_id, job.cursor, e)
-                return
-            if not page["items"]:
-                log.error("[input] %s: storage has no items at %d of %d", job.job_id, job.cursor, job.total)
-                return
-            job.pending.extend(job.assignment(it) for it in page["items"])
-            job.cursor += len(page["items"])
+            page = self._call(job.storage, "ReadInput", {"job_id": job.job_id, "offset": job.cursor,
+                                                         "limit": INPUT_PAGE, "pending_only": True})
+            for item in page["items"]:
+                if item["id"] not in job.placed and item["id"] not in job.pending_ids:
+                    job.pending.append(job.assignment(item))
+                    job.pending_ids.add(item["id"])
+            if page["next_offset"] <= job.cursor:
+                raise ProtocolError("internal", f"storage read no further than input position {job.cursor}")
+            job.cursor = page["next_offset"]
+
+    def _finish_if_done(self, job: Job) -> None:
+        """Done when nothing is left to read, pending or placed, and storage holds a
+        result for every item (else some item fell between: rescan for it)."""
+        if job.cursor < job.total or job.pending or job.placed:
+            return
+        counts = self._call(job.storage, "ResultCountQuery", {"job_id": job.job_id})
+        if counts["records"] < job.total:
+            job.rescan()
+            return
+        job.done, job.state, job.finished_at = counts["records"], "done", time.monotonic()
+        self._log_job(job)
+        log.info("[job] %s done in %.1fs", job.job_id, job.finished_at - job.started)
 
     def _place(self, job: Job, workers: dict) -> None:
         # A worker may hold twice its batch: the second half waits in its queue, so its
@@ -219,23 +309,22 @@ class SchedulerNode(Node):
         loads = [WorkerLoad(w.node_id, int(w.info.get("kv_tokens", 1 << 30)), self.held.get(w.node_id, 0),
                             int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2, speeds[wid] or typical)
                  for wid, w in workers.items()]
-        pend = [PendingSeq(a["seq_id"], self._kv_need(a)) for a in job.pending]
         by_id = {a["seq_id"]: a for a in job.pending}
-        placed, left = place(pend, loads)
+        placed, left = place([PendingSeq(sid, self._kv_need(a)) for sid, a in by_id.items()], loads)
         job.pending = deque(by_id[p.seq_id] for p in left)
         for wid, sids in placed.items():
             seqs = [by_id[s] for s in sids]
             try:
-                client = self.clients.get(wid) or self.clients.setdefault(wid, RpcClient(workers[wid].info["address"], self.ctx))
-                client.request("AssignSequences", {"epoch": self.election.epoch, "job_id": job.job_id,
-                                                   "sequences": seqs, "report_to": self.advertise,
-                                                   "storage": job.storage}, timeout=5)
-                for a in seqs:
-                    job.placed[a["seq_id"]] = (wid, a)
+                # If only the reply is lost they stay pending and may run twice: the
+                # worker drops an assignment it holds already, storage a second result.
+                self._call(workers[wid].info["address"], "AssignSequences",
+                           {"epoch": self.election.epoch, "job_id": job.job_id, "sequences": seqs,
+                            "report_to": self.advertise, "storage": job.storage})
+                job.placed.update((s, wid) for s in sids)
+                job.pending_ids.difference_update(sids)
                 self.held[wid] = self.held.get(wid, 0) + len(sids)
-            except Exception as e:
+            except ProtocolError as e:
                 log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(sids), wid, e)
-                self.clients.pop(wid, None)
                 job.pending.extend(seqs)
 
     @staticmethod

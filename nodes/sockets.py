@@ -3,16 +3,34 @@
 ROUTER sockets set ROUTER_MANDATORY, so a send to a peer that is gone raises
 (zmq.ZMQError EHOSTUNREACH) instead of vanishing; ZMTP heartbeats notice a dead peer
 on an idle connection. High-water marks bound every queue: a full queue blocks or
-fails the sender (back-pressure), it never drops silently.
+fails the sender (back-pressure), it never drops silently. With a fault plan in the
+environment (`faults.py`), every socket made here injects seeded network faults.
 """
 
 from __future__ import annotations
 
 import zmq
 
+from shoal.nodes.faults import FaultPlan, FaultySocket
+
 HWM = 10_000  # messages queued per peer before senders feel back-pressure
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
+
+_plan: FaultPlan | None = None
+_plan_read = False
+
+
+def fault_plan() -> FaultPlan | None:
+    global _plan, _plan_read
+    if not _plan_read:
+        _plan, _plan_read = FaultPlan.from_env(), True
+    return _plan
+
+
+def _faulty(sock: zmq.Socket, routed: bool):
+    plan = fault_plan()
+    return FaultySocket(sock, plan, routed) if plan is not None else sock
 
 
 def _common(sock: zmq.Socket) -> zmq.Socket:
@@ -33,9 +51,9 @@ def router(ctx: zmq.Context, bind: str) -> tuple[zmq.Socket, str]:
     host, _, port = bind.rpartition(":")
     if port in ("0", "*"):
         port = sock.bind_to_random_port(host)
-        return sock, f"{host}:{port}"
+        return _faulty(sock, True), f"{host}:{port}"
     sock.bind(bind)
-    return sock, bind
+    return _faulty(sock, True), bind
 
 
 def dealer(ctx: zmq.Context, connect: str, identity: bytes | None = None) -> zmq.Socket:
@@ -43,4 +61,4 @@ def dealer(ctx: zmq.Context, connect: str, identity: bytes | None = None) -> zmq
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(connect)
-    return sock
+    return _faulty(sock, False)

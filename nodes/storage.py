@@ -18,6 +18,7 @@ from pathlib import Path
 
 from shoal.generate_input import InputError
 from shoal.nodes.input_store import InputStore, check_name
+from shoal.nodes.job_log import JobLog, StaleEpoch
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
@@ -37,13 +38,45 @@ class StorageNode(Node):
         self.dir = Path(data_dir)
         self.logs: dict[str, ResultLog] = {}
         self.inputs = InputStore(self.dir)
+        self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
         super().__init__(node_id, **kw)
 
     def handler_table(self) -> dict:
         return {"WriteResults": self.on_write_results, "Subscribe": self.on_subscribe,
-                "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input}
+                "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input,
+                "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count}
+
+    def _fence(self, epoch: int) -> None:
+        try:
+            self.job_log.check_epoch(epoch)
+        except StaleEpoch as e:
+            self.counters["errors.stale_epoch"] += 1
+            raise ProtocolError("stale_epoch", str(e)) from None
+
+    # -- the job log -------------------------------------------------------------------------
+
+    def on_log_job(self, msg: Message):
+        self._fence(msg["epoch"])
+        try:
+            self.job_log.record(msg["job"], msg["epoch"])
+        except ValueError as e:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
+        job = self.job_log.jobs[msg["job"]["job_id"]]
+        return encode("JobLogged", {"job_id": job["job_id"], "state": job["state"]}, reply_to=msg.id)
+
+    def on_list_jobs(self, msg: Message):
+        self._fence(msg["epoch"])
+        jobs = []
+        for rec in self.job_log.jobs.values():
+            rl = self._log(rec["job_id"])
+            jobs.append({**rec, "done": len(rl), "failed": rl.failed})
+        return encode("JobList", {"jobs": jobs}, reply_to=msg.id)
+
+    def on_result_count(self, msg: Message):
+        rl = self._log(msg["job_id"])
+        return encode("ResultCount", {"job_id": msg["job_id"], "records": len(rl), "failed": rl.failed}, reply_to=msg.id)
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -58,6 +91,7 @@ class StorageNode(Node):
                       reply_to=msg.id)
 
     def on_ingest(self, msg: Message):
+        self._fence(msg["epoch"])
         try:
             total = self.inputs.ingest(check_name("job_id", msg["job_id"]), msg["items"], msg["upload_id"],
                                        msg["input_path"])
@@ -69,11 +103,17 @@ class StorageNode(Node):
     def on_read_input(self, msg: Message):
         if msg["offset"] < 0 or msg["limit"] <= 0:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "ReadInput needs offset >= 0 and limit > 0")
+        keep = None
+        if msg["pending_only"]:
+            rl = self._log(msg["job_id"])
+            keep = lambda item: item["id"] not in rl  # noqa: E731 - items without a result yet
         try:
-            items = self.inputs.read(check_name("job_id", msg["job_id"]), msg["offset"], msg["limit"], INPUT_PAGE_BYTES)
+            items, nxt = self.inputs.read(check_name("job_id", msg["job_id"]), msg["offset"], msg["limit"],
+                                          INPUT_PAGE_BYTES, keep)
         except InputError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
-        return encode("InputBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "items": items}, reply_to=msg.id)
+        return encode("InputBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "items": items,
+                                     "next_offset": nxt}, reply_to=msg.id)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -102,7 +142,7 @@ class StorageNode(Node):
         rl = self._log(msg["job_id"])
         records = rl.read(msg["offset"], READ_LIMIT)
         return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
-                                      "final": False}, reply_to=msg.id)
+                                      "final": False, "available": len(rl)}, reply_to=msg.id)
 
     def handle_batch(self, batch) -> None:
         """Group commit: every WriteResults that arrived together shares one fsync per
@@ -138,6 +178,7 @@ class StorageNode(Node):
             t.join(timeout=30)
         for rl in self.logs.values():
             rl.close()
+        self.job_log.close()
         super().close()
 
 

@@ -45,7 +45,8 @@ JOB_STATUS = _declare(M("JobStatus", "A job's state and counts.", (
 SUBSCRIBE = _declare(M("Subscribe", "Stream a job's results from an offset (resumable).", (
     F("job_id", "str"), F("offset", "int", 0))))
 RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `offset` in its result log.", (
-    F("job_id", "str"), F("offset", "int"), F("records", "list"), F("final", "bool", False))))
+    F("job_id", "str"), F("offset", "int"), F("records", "list"), F("final", "bool", False),
+    F("available", "int", 0))))
 CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (F("job_id", "str"),)))
 
 # -- placement: scheduler <-> worker -------------------------------------------------------
@@ -66,12 +67,27 @@ SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (proto
 
 # -- inputs: scheduler <-> storage ----------------------------------------------------------
 INGEST_INPUT = _declare(M("IngestInput", "Check and store a job's input (inline items, an upload, or a path storage reads).", (
-    F("job_id", "str"), F("items", "list", list), F("upload_id", "str", ""), F("input_path", "str", ""))))
+    F("job_id", "str"), F("items", "list", list), F("upload_id", "str", ""), F("input_path", "str", ""),
+    F("epoch", "int", 0))))
 INPUT_READY = _declare(M("InputReady", "A job's input is checked and durable.", (F("job_id", "str"), F("total", "int"))))
-READ_INPUT = _declare(M("ReadInput", "Read a page of a job's stored items, in input order.", (
-    F("job_id", "str"), F("offset", "int"), F("limit", "int", 512))))
-INPUT_BATCH = _declare(M("InputBatch", "A page of a job's items from `offset`.", (
-    F("job_id", "str"), F("offset", "int"), F("items", "list"))))
+READ_INPUT = _declare(M("ReadInput", "Read a page of a job's stored items, in input order; pending_only skips items with results.", (
+    F("job_id", "str"), F("offset", "int"), F("limit", "int", 512), F("pending_only", "bool", False))))
+INPUT_BATCH = _declare(M("InputBatch", "A page of a job's items from `offset`; read on from next_offset.", (
+    F("job_id", "str"), F("offset", "int"), F("items", "list"), F("next_offset", "int", 0))))
+LOG_JOB = _declare(M("LogJob", "Record a job's state in the durable job log on storage (the leader's epoch fences it).", (
+    F("epoch", "int"), F("job", "dict"))))
+JOB_LOGGED = _declare(M("JobLogged", "The job record is durable.", (F("job_id", "str"), F("state", "str"))))
+LIST_JOBS = _declare(M("ListJobs", "A new leader reads the job log (and fences older epochs off).", (F("epoch", "int"),)))
+JOB_LIST = _declare(M("JobList", "Every logged job, its latest record, with its result counts.", (F("jobs", "list"),)))
+RESULT_COUNT_QUERY = _declare(M("ResultCountQuery", "How many results a job has on storage.", (F("job_id", "str"),)))
+RESULT_COUNT = _declare(M("ResultCount", "A job's stored results and how many of them failed.", (
+    F("job_id", "str"), F("records", "int"), F("failed", "int", 0))))
+
+# -- recovery: a new leader asks each worker what it holds -------------------------------------
+HOLDING_QUERY = _declare(M("HoldingQuery", "A new leader asks what a worker holds, and where to report from now on.", (
+    F("epoch", "int"), F("report_to", "str"))))
+HOLDING = _declare(M("Holding", "The sequences a worker holds (queued, running, or finished but not yet stored), by job.", (
+    F("node_id", "str"), F("jobs", "dict"))))
 
 # -- results: worker -> storage ------------------------------------------------------------
 WRITE_RESULTS = _declare(M("WriteResults", "Result records to persist; first writer wins per item id.", (

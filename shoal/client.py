@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from shoal.rpc import RemoteError, RpcClient
+from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 
 class Job:
@@ -28,14 +28,14 @@ class Job:
         self.total = total
 
     def status(self) -> dict:
-        return self.client.rpc.request("JobStatusQuery", {"job_id": self.id}).fields
+        return self.client._request("JobStatusQuery", {"job_id": self.id}).fields
 
     def results(self, offset: int = 0, poll: float = 0.2, timeout: float | None = None) -> Iterator[dict]:
         """Result records as they are stored, from `offset` (resumable), until the job
         is done and every result has been read."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            batch = self.client.rpc.request("Subscribe", {"job_id": self.id, "offset": offset})
+            batch = self.client._request("Subscribe", {"job_id": self.id, "offset": offset})
             yield from batch["records"]
             offset += len(batch["records"])
             if batch["final"]:
@@ -49,7 +49,7 @@ class Job:
         return list(self.results(timeout=timeout))
 
     def cancel(self) -> dict:
-        return self.client.rpc.request("CancelJob", {"job_id": self.id}).fields
+        return self.client._request("CancelJob", {"job_id": self.id}).fields
 
 
 INLINE_BYTES = 1 << 20  # a larger input is uploaded in chunks, never sent as one message
@@ -57,9 +57,14 @@ CHUNK_BYTES = 4 << 20
 
 
 class Client:
-    def __init__(self, router: str):
+    """Every request is idempotent (a job key, an upload chunk index, an offset), so a
+    request whose reply does not come within `timeout` is sent again, and one answered
+    'unavailable' (no leader yet, a takeover under way) is retried after a pause."""
+
+    def __init__(self, router: str, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 50):
         self.router = router
         self.rpc = RpcClient(router)
+        self.timeout, self.retries = timeout, retries
 
     def submit(self, items: list[dict] | None = None, program: str = "generate", params: dict | None = None,
                job_key: str | None = None, input_path: str | None = None, retries: int = 50) -> Job:
@@ -81,23 +86,24 @@ class Client:
             else:
                 fields["upload_id"] = "u-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
                 self._upload(fields["upload_id"], data)
-        reply = self._request_retrying("SubmitJob", fields, retries, timeout=600)
+        # Storage checks a large input before the reply: give it time (a re-send is harmless).
+        large = "input_path" in fields or "upload_id" in fields
+        reply = self._request("SubmitJob", fields, timeout=max(self.timeout, 600.0) if large else None)
         return Job(self, reply["job_id"], reply["total"])
 
     def _upload(self, upload_id: str, data: bytes) -> None:
         for index, start in enumerate(range(0, len(data), CHUNK_BYTES)):
             chunk = memoryview(data)[start:start + CHUNK_BYTES]
-            self._request_retrying("UploadChunk", {"upload_id": upload_id, "index": index}, 50, blobs={"data": chunk})
+            self._request("UploadChunk", {"upload_id": upload_id, "index": index}, blobs={"data": chunk})
 
-    def _request_retrying(self, msg_type: str, fields: dict, retries: int, blobs: dict | None = None,
-                          timeout: float = 60.0):
-        for attempt in range(retries):
+    def _request(self, msg_type: str, fields: dict, blobs: dict | None = None, timeout: float | None = None):
+        for attempt in range(self.retries):
             try:
-                return self.rpc.request(msg_type, fields, blobs, timeout=timeout)
-            except RemoteError as e:
-                if e.code != "unavailable" or attempt == retries - 1:
+                return self.rpc.request(msg_type, fields, blobs, timeout=timeout or self.timeout, retries=2)
+            except (RemoteError, TimeoutError) as e:
+                if (isinstance(e, RemoteError) and e.code != "unavailable") or attempt == self.retries - 1:
                     raise
-                time.sleep(0.2)  # e.g. no leader yet while the cluster starts
+                time.sleep(min(0.2 * (attempt + 1), 2.0))
         raise AssertionError("unreachable")
 
     def job(self, job_id: str) -> Job:

@@ -19,37 +19,60 @@ from shoal.node_process import spawn_node, terminate_pids
 
 class LocalCluster:
     def __init__(self, model: str | Path, workers: int = 1, state_dir: str | Path | None = None,
-                 cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None):
+                 cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
+                 schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None):
+        """`schedulers` > 1 starts standbys; `env` is added to every node's environment
+        (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker."""
         self.model, self.workers, self.cluster, self.dtype, self.policy = str(model), workers, cluster, dtype, policy
-        self.worker_threads = worker_threads
+        self.worker_threads, self.schedulers, self.env = worker_threads, schedulers, env
+        self.worker_args = worker_args or []
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
         self.procs: list[subprocess.Popen] = []
+        self.nodes: dict[str, tuple[subprocess.Popen, list[str], str]] = {}  # name -> (process, args, address)
         self.etcd: EtcdServer | None = None
         self.router = ""
 
     def _spawn(self, name: str, args: list[str]) -> str:
-        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs")
+        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs", self.env)
         self.procs.append(proc)
+        self.nodes[name] = (proc, args, address)
         return address
+
+    def process(self, name: str) -> subprocess.Popen:
+        return self.nodes[name][0]
+
+    def restart(self, name: str) -> str:
+        """Starts a node again as it was started (same id, same directory, same address,
+        so its peers' sockets reconnect) after it died."""
+        proc, args, address = self.nodes[name]
+        if proc.poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        proc.wait()
+        self.procs.remove(proc)
+        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={address}"])
+        self.nodes[name] = (self.nodes[name][0], args, new)
+        return new
 
     def start(self, timeout: float = 600) -> "LocalCluster":
         try:
             self.etcd = EtcdServer(self.dir / "etcd").start()
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
-            self._spawn("storage", ["shoal.nodes.storage", "--dir", str(self.dir / "storage"), "--node-id", "storage-0", *e])
-            self._spawn("scheduler", ["shoal.nodes.scheduler_node", "--node-id", "scheduler-0", *e])
+            self._spawn("storage-0", ["shoal.nodes.storage", "--dir", str(self.dir / "storage"), "--node-id", "storage-0", *e])
+            for i in range(self.schedulers):
+                self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e])
             for i in range(self.workers):
                 args = ["shoal.nodes.worker.worker_node", "--model", self.model, "--dtype", self.dtype,
-                        "--policy", self.policy, "--node-id", f"worker-{i}", *e]
+                        "--policy", self.policy, "--node-id", f"worker-{i}", *e, *self.worker_args]
                 if self.worker_threads:
                     args += ["--threads", str(self.worker_threads)]
                 self._spawn(f"worker-{i}", args)
-            self.router = self._spawn("router", ["shoal.nodes.router", "--dir", str(self.dir / "router"),
-                                                 "--node-id", "router-0", *e])
+            self.router = self._spawn("router-0", ["shoal.nodes.router", "--dir", str(self.dir / "router"),
+                                                   "--node-id", "router-0", *e])
             from shoal.nodes.membership import MemberView
 
             view = MemberView(self.etcd.endpoint, self.cluster).start()
-            want = {"storage-0", "scheduler-0", "router-0", *(f"worker-{i}" for i in range(self.workers))}
+            want = {"storage-0", "router-0", *(f"scheduler-{i}" for i in range(self.schedulers)),
+                    *(f"worker-{i}" for i in range(self.workers))}
             if not view.wait_for(lambda m: want <= set(m), timeout):
                 raise RuntimeError(f"nodes did not all register: {sorted(set(view.snapshot()))}")
             view.stop()

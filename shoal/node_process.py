@@ -10,12 +10,17 @@ MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worke
            "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
 
-def spawn_node(role: str, name: str, args: list[str], log_dir: Path) -> tuple[subprocess.Popen, str]:
+def spawn_node(role: str, name: str, args: list[str], log_dir: Path,
+               env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its
-    log in log_dir/NAME.log; returns the process and the address it serves on."""
+    log in log_dir/NAME.log and `env` added to this environment; returns the process
+    and the address it serves on."""
+    import os
+
     log_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", MODULES[role], *args], stdout=subprocess.PIPE,
-                            stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True)
+                            stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
     line = proc.stdout.readline().strip()
     if not line.startswith(f"{role}:"):
         proc.kill()

@@ -18,13 +18,13 @@ import time
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import RemoteError, RpcClient
+from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 from shoal.sampling import RequestError, SamplingParams
 
 log = logging.getLogger(__name__)
 
 WRITE_BATCH = 256
-WRITE_TIMEOUT_S = 10.0
+WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 
 class WorkerNode(Node):
@@ -34,6 +34,9 @@ class WorkerNode(Node):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
+        self.holding: dict[str, set] = {}  # job_id -> ids assigned and not yet stored
+        self._holding_lock = threading.Lock()  # the IO and result-writer threads share it
+        self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
         self.inbox: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()
         self.step_times: list[float] = []
@@ -47,21 +50,42 @@ class WorkerNode(Node):
         self._writer.start()
 
     def handler_table(self) -> dict:
-        return {"AssignSequences": self.on_assign}
+        return {"AssignSequences": self.on_assign, "HoldingQuery": self.on_holding}
 
     # -- IO thread -------------------------------------------------------------------------
 
+    def _fence(self, epoch: int) -> None:
+        if epoch < self.epoch:
+            self.counters["errors.stale_epoch"] += 1
+            raise ProtocolError("stale_epoch", f"epoch {epoch} is older than the current leader's epoch {self.epoch}")
+        self.epoch = epoch
+
+    def on_holding(self, msg: Message):
+        """A new leader takes over: from now on report to it, and refuse the old one."""
+        self._fence(msg["epoch"])
+        for job in self.jobs.values():
+            job["report_to"] = msg["report_to"]
+        with self._holding_lock:
+            jobs = {job_id: sorted(ids, key=str) for job_id, ids in self.holding.items() if ids}
+        return encode("Holding", {"node_id": self.node_id, "jobs": jobs}, reply_to=msg.id)
+
     def on_assign(self, msg: Message):
-        seqs = msg["sequences"]
-        for s in seqs:
+        self._fence(msg["epoch"])
+        for s in msg["sequences"]:
             if not isinstance(s, dict) or "seq_id" not in s:
                 raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
+        with self._holding_lock:
+            held = self.holding.setdefault(msg["job_id"], set())
+            seqs = [s for s in msg["sequences"] if s["seq_id"] not in held]  # a re-sent assignment runs once
+            held.update(s["seq_id"] for s in seqs)
+        self.counters["sequences.duplicate"] += len(msg["sequences"]) - len(seqs)
         job = self.jobs.setdefault(msg["job_id"], {})
         job["storage"] = msg["storage"] or job.get("storage") or self.storage
         job["report_to"] = msg["report_to"] or job.get("report_to", "")
         if not job["storage"]:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "no storage node for this job: start with --storage or assign with storage")
-        self.inbox.put((msg["job_id"], seqs))
+        if seqs:
+            self.inbox.put((msg["job_id"], seqs))
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
 
@@ -125,17 +149,23 @@ class WorkerNode(Node):
             clients[address] = RpcClient(address, self.ctx)
         return clients[address]
 
-    def _deliver(self, clients: dict, address: str, msg_type: str, fields: dict, what: str) -> None:
-        """Sends until acknowledged (the receiver deduplicates by id)."""
+    def _deliver(self, clients: dict, address, msg_type: str, fields: dict, what: str) -> bool:
+        """Sends until acknowledged (the receiver deduplicates by id), with capped
+        backoff. `address` is called before each try: a progress report follows the
+        leader when a new one takes over. False if the address is gone."""
+        backoff = 0.1
         while not self._stop.is_set():
+            to = address()
+            if not to:
+                return False
             try:
-                self._rpc(clients, address).request(msg_type, fields, timeout=WRITE_TIMEOUT_S)
-                return
+                self._rpc(clients, to).request(msg_type, fields, timeout=WRITE_TIMEOUT_S)
+                return True
             except (TimeoutError, RemoteError, OSError) as e:
-                # A lost reply leaves the DEALER out of step: start a fresh one.
-                log.warning("[deliver] %s to %s not acknowledged (%s); retrying", what, address, e)
-                clients.pop(address).close()
-                time.sleep(0.5)
+                log.warning("[deliver] %s to %s not acknowledged (%s); retrying", what, to, e)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        return False
 
     def _write_loop(self) -> None:
         clients: dict[str, RpcClient] = {}
@@ -155,13 +185,15 @@ class WorkerNode(Node):
                 by_job.setdefault(job_id, []).append(rec)
             for job_id, records in by_job.items():
                 job = self.jobs.get(job_id, {})
-                self._deliver(clients, job.get("storage") or self.storage, "WriteResults",
+                self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteResults",
                               {"job_id": job_id, "records": records}, f"{len(records)} results of {job_id}")
                 self.counters["results.written"] += len(records)
+                with self._holding_lock:
+                    self.holding.get(job_id, set()).difference_update(r["id"] for r in records)
                 if job.get("report_to"):
                     # Only stored results are reported done: the scheduler never counts
                     # an item that a crash could still lose.
-                    self._deliver(clients, job["report_to"], "ProgressReport",
+                    self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
                                   {"node_id": self.node_id, "job_id": job_id, "finished": [r["id"] for r in records],
                                    "failed": [r["id"] for r in records if r.get("finish_reason") == "error"],
                                    "tokens": sum(len(r.get("token_ids", ())) for r in records),

@@ -29,15 +29,19 @@ def test_upload_in_chunks_that_split_lines(tmp_path):
     store.put_chunk("u1", 3, chunks[3])  # a re-sent chunk replaces itself
     assert store.ingest("job1", upload_id="u1") == 40
     assert not (tmp_path / "uploads" / "u1").exists()
-    assert store.read("job1", 0, 100, 1 << 20) == ITEMS
-    assert store.read("job1", 38, 10, 1 << 20) == ITEMS[38:]
+    assert store.read("job1", 0, 100, 1 << 20) == (ITEMS, 40)
+    assert store.read("job1", 38, 10, 1 << 20) == (ITEMS[38:], 40)
     # A page stops at the byte limit but always carries at least one item.
-    page = store.read("job1", 0, 100, 200)
-    assert 1 <= len(page) < 40 and page == ITEMS[:len(page)]
-    assert store.read("job1", 0, 1, 1) == ITEMS[:1]
+    page, nxt = store.read("job1", 0, 100, 200)
+    assert 1 <= len(page) < 40 and page == ITEMS[:len(page)] and nxt == len(page)
+    assert store.read("job1", 0, 1, 1) == (ITEMS[:1], 1)
+    # Only the items a predicate keeps (storage skips those with results), scanning a bounded stretch.
+    odd, nxt = store.read("job1", 0, 5, 1 << 20, keep=lambda it: it["id"] % 2 == 1)
+    assert [it["id"] for it in odd] == [1, 3, 5, 7, 9] and nxt == 9
+    assert store.read("job1", 0, 5, 1 << 20, keep=lambda it: False, scan=10) == ([], 10)
     # Ingesting again (a retried submit) changes nothing.
     assert store.ingest("job1", upload_id="u1") == 40
-    assert InputStore(tmp_path).read("job1", 5, 2, 1 << 20) == ITEMS[5:7]
+    assert InputStore(tmp_path).read("job1", 5, 2, 1 << 20) == (ITEMS[5:7], 7)
 
 
 def test_inline_items_and_paths(tmp_path):
@@ -49,7 +53,7 @@ def test_inline_items_and_paths(tmp_path):
     table = pa.Table.from_pylist([{"id": f"r{i}", "prompt_token_ids": [i, i + 1]} for i in range(5)])
     pq.write_table(table, tmp_path / "in.parquet")
     assert store.ingest("c", input_path=str(tmp_path / "in.parquet")) == 5
-    assert store.read("c", 4, 1, 1 << 20) == [{"id": "r4", "prompt_token_ids": [4, 5]}]
+    assert store.read("c", 4, 1, 1 << 20) == ([{"id": "r4", "prompt_token_ids": [4, 5]}], 5)
     assert store.ingest("empty", items=[]) == 0
 
 

@@ -1,0 +1,77 @@
+"""The scheduler's job table, logged durably on the storage node: the control plane's
+memory across scheduler deaths.
+
+One JSONL file of job records `{"job_id", "job_key", "program", "params", "total",
+"state", "epoch"}`; the latest record of a job is its state, and a job's state only
+moves forward (running -> done | cancelled), so a re-sent or stale record cannot undo a
+newer one. The log also keeps the largest leader epoch it has seen: a record or a
+listing from an older epoch is refused, which fences off a frozen old leader. Progress
+is not logged here: a job's finished items are its result log, and where its other
+items run is what the workers report they hold.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+_RANK = {"running": 0, "done": 1, "cancelled": 1}
+REQUIRED = ("job_id", "job_key", "program", "params", "total", "state")
+
+
+class StaleEpoch(ValueError):
+    """A command from a leader older than one this log has already seen."""
+
+
+class JobLog:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.jobs: dict[str, dict] = {}
+        self.epoch = 0
+        if self.path.exists():
+            for line in self.path.read_bytes().split(b"\n"):
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # the torn tail of a crash mid-append
+                if "job_id" in rec:
+                    self._apply(rec)
+                self.epoch = max(self.epoch, int(rec.get("epoch", 0)))
+        self.fh = open(self.path, "ab")
+
+    def check_epoch(self, epoch: int) -> None:
+        """Accepts commands from this epoch on; refuses older ones."""
+        if epoch < self.epoch:
+            raise StaleEpoch(f"epoch {epoch} is older than the current leader's epoch {self.epoch}")
+        if epoch > self.epoch:
+            self.epoch = epoch
+            self._write({"epoch": epoch})
+
+    def _apply(self, rec: dict) -> bool:
+        old = self.jobs.get(rec["job_id"])
+        if old is not None and _RANK.get(rec["state"], 0) < _RANK.get(old["state"], 0):
+            return False
+        self.jobs[rec["job_id"]] = rec
+        return True
+
+    def record(self, rec: dict, epoch: int) -> None:
+        missing = [k for k in REQUIRED if k not in rec]
+        if missing:
+            raise ValueError(f"job record lacks {missing[0]!r}")
+        if rec["state"] not in _RANK:
+            raise ValueError(f"job state {rec['state']!r} is not one of {', '.join(_RANK)}")
+        self.check_epoch(epoch)
+        rec = {**rec, "epoch": epoch}
+        if self._apply(rec):
+            self._write(rec)
+
+    def _write(self, rec: dict) -> None:
+        self.fh.write(orjson.dumps(rec) + b"\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
