@@ -99,14 +99,15 @@ class FaultySocket:
             self.injected["reorder"] += 1
             self._held = [bytes(f) for f in frames]
             return None
-        self._send(frames, *args, **kw)
+        sent = self._send(frames, *args, **kw)
         if rng.random() < plan.duplicate:
             self.injected["duplicate"] += 1
             self._send(frames, *args, **kw)
-        return None
+        return sent  # an asyncio socket's future for the message itself
 
     def _send(self, frames, *args, **kw):
-        self._sock.send_multipart(frames, *args, **kw)
+        sent = self._sock.send_multipart(frames, *args, **kw)
         if self._held is not None:
             held, self._held = self._held, None
             self._sock.send_multipart(held, *args, **kw)
+        return sent

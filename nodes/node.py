@@ -31,7 +31,7 @@ class Node:
                  max_message_bytes: int = 64 << 20, info: dict | None = None):
         self.node_id = node_id
         self.model = model
-        self.ctx = zmq.Context()
+        self.ctx = self.make_context()
         self.sock, self.address = sockets.router(self.ctx, bind)
         self.advertise = advertise or self.address
         self.max_message_bytes = max_message_bytes
@@ -52,6 +52,9 @@ class Node:
         """Message type -> method(Message) returning reply frames or None. One place to
         see all a node answers."""
         return {}
+
+    def make_context(self) -> zmq.Context:
+        return zmq.Context()
 
     # -- built-in handlers ---------------------------------------------------------------
 
@@ -83,29 +86,40 @@ class Node:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def dispatch(self, frames: list) -> list | None:
-        """Reply frames for one request (without the routing identity)."""
+    def route(self, frames: list) -> tuple[Message | None, list | None]:
+        """Decodes a request: (message, None) when its handler should run, else
+        (None, the Error reply) for a bad message or a type this node does not handle."""
         try:
             msg = decode(frames, self.max_message_bytes)
         except ProtocolError as e:
             self.counters[f"errors.{e.code}"] += 1
             log.warning("[%s %s] bad message: %s", self.role, self.node_id, e)
-            return error_reply(e)
+            return None, error_reply(e)
         self.counters[f"messages.{msg.type}"] += 1
-        handler = self.handlers.get(msg.type)
-        if handler is None:
+        if msg.type not in self.handlers:
             self.counters["errors.unhandled"] += 1
-            return error_reply(ProtocolError(ProtocolError.UNKNOWN_TYPE,
-                                             f"a {self.role} does not handle {msg.type}"), about=msg.type, reply_to=msg.id)
-        try:
-            return handler(msg)
-        except ProtocolError as e:
+            return None, error_reply(ProtocolError(ProtocolError.UNKNOWN_TYPE, f"a {self.role} does not handle {msg.type}"),
+                                     about=msg.type, reply_to=msg.id)
+        return msg, None
+
+    def failed(self, msg: Message, e: Exception) -> list:
+        """The Error reply for a handler that raised."""
+        if isinstance(e, ProtocolError):
             self.counters[f"errors.{e.code}"] += 1
             return error_reply(e, about=msg.type, reply_to=msg.id)
-        except Exception as e:  # a handler bug fails the request, not the node
-            self.counters["errors.internal"] += 1
-            log.exception("[%s %s] %s failed", self.role, self.node_id, msg.type)
-            return error_reply(ProtocolError("internal", f"{type(e).__name__}: {e}"), about=msg.type, reply_to=msg.id)
+        self.counters["errors.internal"] += 1  # a handler bug fails the request, not the node
+        log.error("[%s %s] %s failed", self.role, self.node_id, msg.type, exc_info=e)
+        return error_reply(ProtocolError("internal", f"{type(e).__name__}: {e}"), about=msg.type, reply_to=msg.id)
+
+    def dispatch(self, frames: list) -> list | None:
+        """Reply frames for one request (without the routing identity)."""
+        msg, err = self.route(frames)
+        if msg is None:
+            return err
+        try:
+            return self.handlers[msg.type](msg)
+        except Exception as e:
+            return self.failed(msg, e)
 
     def poll_once(self, timeout_ms: int) -> list[tuple[bytes, list]]:
         """Receives every request waiting now (after up to timeout_ms for the first)."""

@@ -3,28 +3,33 @@
 It validates a job, hands it to the scheduler leader (which is idempotent on the job
 key), records the key → job id durably in its own directory, and answers status and
 result reads (results come from storage by offset, so a client resumes where it was).
+It runs on an event loop (`async_node.py`): every client request is its own task, so
+one slow forward never holds up the other clients.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
 
 import orjson
 
+from shoal.async_rpc import AsyncRpcClient
+from shoal.nodes.async_node import AsyncNode
 from shoal.nodes.leader import Election
 from shoal.nodes.membership import MemberView
 from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
-from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.nodes.node import node_arg_parser, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
+from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError
 
 log = logging.getLogger(__name__)
 
 
-class RouterNode(Node):
+class RouterNode(AsyncNode):
     role = "router"
 
     def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default", **kw):
@@ -43,30 +48,29 @@ class RouterNode(Node):
                 except (orjson.JSONDecodeError, KeyError):
                     break  # a torn last line
         self.keys_file = open(self.keys_path, "ab")
-        self.clients: dict[str, RpcClient] = {}
+        self.clients: dict[str, AsyncRpcClient] = {}
 
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
                 "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel,
                 "UploadChunk": self.on_upload_chunk}
 
-    def _client(self, address: str) -> RpcClient:
+    def _client(self, address: str) -> AsyncRpcClient:
         if address not in self.clients:
-            self.clients[address] = RpcClient(address, self.ctx)
+            self.clients[address] = AsyncRpcClient(address, self.ctx)
         return self.clients[address]
 
-    def _forward(self, address: str, msg: Message, timeout: float = DEFAULT_TIMEOUT_S) -> Message:
+    async def _forward(self, address: str, msg: Message, timeout: float = DEFAULT_TIMEOUT_S) -> Message:
         try:
             # Every request a router forwards is idempotent: one lost message is re-sent.
-            return self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout, retries=1)
+            return await self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout, retries=1)
         except RemoteError as e:
             raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
         except TimeoutError:
-            self.clients.pop(address).close()
             raise ProtocolError("unavailable", f"{address} did not answer {msg.type}") from None
 
-    def _scheduler(self) -> str:
-        leader, _ = self.leader.current()
+    async def _scheduler(self) -> str:
+        leader, _ = await asyncio.to_thread(self.leader.current)  # an etcd read: off the loop
         member = self.view.snapshot("scheduler").get(leader) if leader else None
         if member is None:
             raise ProtocolError("unavailable", "no scheduler leader right now; retry")
@@ -78,13 +82,14 @@ class RouterNode(Node):
             raise ProtocolError("unavailable", "no storage node in the cluster")
         return members[min(members)].info["address"]  # the same choice the scheduler makes
 
-    def on_submit(self, msg: Message):
+    async def on_submit(self, msg: Message):
         if not msg["job_key"]:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "job_key must not be empty")
         if msg.blobs:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "send a large input as UploadChunk messages, then submit its upload_id")
         large = msg["upload_id"] or msg["input_path"]  # storage checks it before the reply
-        reply = self._forward(self._scheduler(), msg, timeout=INGEST_TIMEOUT_S + 10 if large else DEFAULT_TIMEOUT_S)
+        reply = await self._forward(await self._scheduler(), msg,
+                                    timeout=INGEST_TIMEOUT_S + 10 if large else DEFAULT_TIMEOUT_S)
         if msg["job_key"] not in self.keys:
             self.keys[msg["job_key"]] = reply["job_id"]
             self.keys_file.write(orjson.dumps({"key": msg["job_key"], "job_id": reply["job_id"]}) + b"\n")
@@ -92,27 +97,30 @@ class RouterNode(Node):
             os.fsync(self.keys_file.fileno())
         return encode("JobAccepted", reply.fields, reply_to=msg.id)
 
-    def on_upload_chunk(self, msg: Message):
-        return encode("UploadAck", self._forward(self._storage(), msg).fields, reply_to=msg.id)
+    async def on_upload_chunk(self, msg: Message):
+        return encode("UploadAck", (await self._forward(self._storage(), msg)).fields, reply_to=msg.id)
 
-    def on_status(self, msg: Message):
-        return encode("JobStatus", self._status(msg["job_id"]), reply_to=msg.id)
+    async def on_status(self, msg: Message):
+        return encode("JobStatus", await self._status(msg["job_id"]), reply_to=msg.id)
 
-    def _status(self, job_id: str) -> dict:
+    async def _status(self, job_id: str) -> dict:
         """The scheduler's view of the job, with its counts from storage: the results
         stored are the job's progress, whichever scheduler placed them."""
-        fields = dict(self._forward(self._scheduler(), Message("JobStatusQuery", {"job_id": job_id})).fields)
-        counts = self._forward(self._storage(), Message("ResultCountQuery", {"job_id": job_id}))
+        status, counts = await asyncio.gather(
+            self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": job_id})),
+            self._forward(self._storage(), Message("ResultCountQuery", {"job_id": job_id})))
+        fields = dict(status.fields)
         fields["done"], fields["failed"] = counts["records"], counts["failed"]
         return fields
 
-    def on_cancel(self, msg: Message):
-        return encode("JobStatus", self._forward(self._scheduler(), msg).fields, reply_to=msg.id)
+    async def on_cancel(self, msg: Message):
+        return encode("JobStatus", (await self._forward(await self._scheduler(), msg)).fields, reply_to=msg.id)
 
-    def on_subscribe(self, msg: Message):
+    async def on_subscribe(self, msg: Message):
         # Status first: if the job is done then, every result was stored before this read.
-        status = self._forward(self._scheduler(), Message("JobStatusQuery", {"job_id": msg["job_id"]}))
-        fields = dict(self._forward(self._storage(), msg).fields)
+        status = await self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": msg["job_id"]}))
+        fields = dict((await self._forward(self._storage(), msg)).fields)
+        # Done means every item's result is stored: reading to the end of the log is all of them.
         fields["final"] = status["state"] in ("done", "cancelled") and msg["offset"] + len(fields["records"]) >= fields["available"]
         return encode("ResultBatch", fields, reply_to=msg.id)
 

@@ -87,3 +87,45 @@ def test_router_killed_client_reattaches_by_job_id(tiny_model, tmp_path):
         assert again.id == job.id
         rest = list(client.job(job.id).results(offset=len(first)))
     check_whole(tiny_model, items, first + rest)
+
+
+def test_frozen_scheduler_rejoins_and_the_router_keeps_serving(tiny_model, tmp_path):
+    """SIGSTOP the only scheduler past its lease: the router still answers other
+    requests at once (each request is its own task); after SIGCONT the scheduler finds
+    its leadership gone, campaigns again under a new epoch, rebuilds and finishes the job."""
+    import threading
+    import time
+
+    items = workload(16)
+    with cluster(tiny_model, tmp_path) as c:
+        client = shoal.Client(c.router, timeout=3)
+        job = client.submit(items, params=PARAMS.to_dict(), job_key="frozen")
+        _, epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
+        sched = c.process("scheduler-0")
+        sched.send_signal(signal.SIGSTOP)
+        try:
+            stuck = []
+
+            def ask_the_frozen_scheduler():
+                try:
+                    RpcClient(c.router).request("JobStatusQuery", {"job_id": job.id}, timeout=30)
+                except RemoteError as e:
+                    stuck.append(e.code)
+
+            waiting = threading.Thread(target=ask_the_frozen_scheduler)
+            waiting.start()
+            time.sleep(0.3)
+            router = RpcClient(c.router)
+            t = time.monotonic()
+            assert router.request("Ping", {"sent_at": 1.0})["sent_at"] == 1.0
+            assert router.request("UploadChunk", {"upload_id": "u-side", "index": 0}, {"data": b"{}\n"})["index"] == 0
+            assert time.monotonic() - t < 1.0
+            time.sleep(4)  # past the 3 s lease
+        finally:
+            sched.send_signal(signal.SIGCONT)
+        results = job.wait(timeout=240)
+        waiting.join(timeout=60)
+        assert stuck == ["unavailable"]  # the router gave up on the frozen scheduler and said so
+        _, new_epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
+        assert new_epoch > epoch
+    check_whole(tiny_model, items, results)
