@@ -8,7 +8,8 @@ and that no duplicate is ever visible. It is off unless `SHOAL_FAULTS` holds a p
                    "reorder": 0.05, "types": ["WriteResults", "ProgressReport"]}'
 
 `types` (optional) limits the faults to those message types; without it every message
-but the handshake is fair game. Faults apply on send, so both requests and replies can
+but the handshake is fair game. `stall_after_steps` wedges a worker's step loop (its
+watchdog must notice). Faults apply on send, so both requests and replies can
 be lost. A reordered message is held back and sent after the next one on its socket.
 """
 
@@ -37,6 +38,7 @@ class FaultPlan:
     delay_ms: float = 100.0
     reorder: float = 0.0
     types: frozenset | None = None
+    stall_after_steps: int | None = None  # a worker's step loop wedges after this many steps
     rng: random.Random = field(default=None, repr=False)
 
     def __post_init__(self):

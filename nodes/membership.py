@@ -78,6 +78,10 @@ class Registration:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_lost: Callable[[], None] | None = None
+        # Called before registering again after the lease expired: the node lets go of
+        # what it held, because the cluster has already given it to others.
+        self.on_rejoin: Callable[[], None] | None = None
+        self.incarnation = 0
 
     def start(self) -> "Registration":
         self._grant()
@@ -87,9 +91,13 @@ class Registration:
         return self
 
     def _grant(self) -> None:
+        """A lease and the record under it. The record names the lease: a node that
+        comes back after losing its lease is a new incarnation, so a scheduler that
+        never saw it vanish still knows its earlier work is gone."""
         t = time.monotonic()
         self.lease = self.client.lease(self.ttl)
-        self.client.put(self.key, orjson.dumps(self.info), lease=self.lease)
+        self.incarnation = self.lease.id
+        self.client.put(self.key, orjson.dumps({**self.info, "incarnation": self.incarnation}), lease=self.lease)
         self.deadline = t + self.ttl
 
     def alive(self) -> bool:
@@ -103,6 +111,9 @@ class Registration:
                     self.deadline = deadline
                     continue
                 log.warning("[lease] %s: lease expired in etcd; registering again", self.node_id)
+                self.deadline = 0.0
+                if self.on_rejoin:
+                    self.on_rejoin()
                 self._grant()
             except Exception as e:  # etcd away: keep trying; our deadline decides liveness
                 if not self.alive():

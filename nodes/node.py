@@ -40,6 +40,7 @@ class Node:
         self.handlers = {"Hello": self.on_hello, "Ping": self.on_ping, "StatsQuery": self.on_stats,
                          **self.handler_table()}
         self._stop = threading.Event()
+        self.exit_code = 0  # a node that stops itself (e.g. a worker's watchdog) sets it
         self.registration = None
         if etcd:
             from shoal.nodes.membership import Registration
@@ -199,4 +200,4 @@ def run_node(node: Node, metrics_port: int | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     print(f"{node.role}: {node.address}", flush=True)
     node.serve_forever()
-    return 0
+    return node.exit_code

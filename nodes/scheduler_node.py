@@ -96,6 +96,7 @@ class SchedulerNode(Node):
         self.jobs: dict[str, Job] = {}
         self.ready_epoch = 0  # the epoch whose state this node has rebuilt; 0: none
         self.held: dict[str, int] = {}  # worker -> sequences it holds (last report)
+        self.incarnations: dict[str, object] = {}  # worker -> the lease it registered under
         self.clients: dict[str, RpcClient] = {}
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
 
@@ -139,7 +140,8 @@ class SchedulerNode(Node):
     def _call(self, address: str, msg_type: str, fields: dict, timeout: float = CALL_TIMEOUT_S) -> Message:
         try:
             client = self.clients.get(address) or self.clients.setdefault(address, RpcClient(address, self.ctx))
-            return client.request(msg_type, fields, timeout=timeout)
+            # Everything a scheduler sends is idempotent: one lost message is re-sent.
+            return client.request(msg_type, fields, timeout=timeout, retries=1)
         except RemoteError as e:
             raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
         except TimeoutError:
@@ -164,9 +166,12 @@ class SchedulerNode(Node):
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"unknown program {msg['program']!r}; known: {', '.join(PROGRAMS)}")
         storage = self._storage()
         # The input is checked and made durable on storage, then the job is logged there,
-        # before it is accepted: an accepted job survives any node's death.
+        # before it is accepted: an accepted job survives any node's death. Only a large
+        # input (an upload, a file) is worth waiting long for.
+        large = msg["upload_id"] or msg["input_path"]
         ready = self._call(storage, "IngestInput", {"job_id": job_id, "items": msg["items"], "upload_id": msg["upload_id"],
-                                                     "input_path": msg["input_path"] or "", "epoch": epoch}, INGEST_TIMEOUT_S)
+                                                     "input_path": msg["input_path"] or "", "epoch": epoch},
+                           INGEST_TIMEOUT_S if large else CALL_TIMEOUT_S)
         job = Job(job_id, msg["job_key"], msg["program"], dict(msg["params"]), ready["total"], storage)
         self._log_job(job)
         self.jobs[job_id] = job
@@ -229,6 +234,7 @@ class SchedulerNode(Node):
             except ProtocolError as e:
                 log.warning("[takeover] worker %s did not say what it holds (%s)", wid, e)
                 continue
+            self.incarnations[wid] = w.info.get("incarnation")
             for job_id, sids in holding["jobs"].items():
                 if job_id in self.jobs:
                     self.jobs[job_id].placed.update((sid, wid) for sid in sids)
@@ -253,8 +259,15 @@ class SchedulerNode(Node):
                 time.sleep(0.5)
             return
         workers = self.view.snapshot("worker")
+        reborn = set()  # workers that lost their lease and registered again: they hold nothing
+        for wid, w in workers.items():
+            inc = w.info.get("incarnation")
+            if self.incarnations.setdefault(wid, inc) != inc:
+                reborn.add(wid)
+                self.incarnations[wid], self.held[wid] = inc, 0
+                log.warning("[worker] %s came back as a new incarnation; its work is placed again", wid)
         for job in self.jobs.values():
-            lost = [sid for sid, w in job.placed.items() if w not in workers]
+            lost = [sid for sid, w in job.placed.items() if w not in workers or w in reborn]
             for sid in lost:
                 del job.placed[sid]
             if lost:  # the worker left: its items are found again by a rescan

@@ -32,8 +32,8 @@ class LocalCluster:
         self.etcd: EtcdServer | None = None
         self.router = ""
 
-    def _spawn(self, name: str, args: list[str]) -> str:
-        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs", self.env)
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> str:
+        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs", self.env if env is None else env)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
         return address
@@ -41,15 +41,15 @@ class LocalCluster:
     def process(self, name: str) -> subprocess.Popen:
         return self.nodes[name][0]
 
-    def restart(self, name: str) -> str:
+    def restart(self, name: str, env: dict | None = None) -> str:
         """Starts a node again as it was started (same id, same directory, same address,
-        so its peers' sockets reconnect) after it died."""
+        so its peers' sockets reconnect) after it died; `env` replaces the cluster's."""
         proc, args, address = self.nodes[name]
         if proc.poll() is None:
             raise RuntimeError(f"{name} is still running")
         proc.wait()
         self.procs.remove(proc)
-        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={address}"])
+        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={address}"], env)
         self.nodes[name] = (self.nodes[name][0], args, new)
         return new
 

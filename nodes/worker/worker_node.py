@@ -16,6 +16,7 @@ import threading
 import time
 
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.nodes.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
@@ -30,7 +31,7 @@ WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 class WorkerNode(Node):
     role = "worker"
 
-    def __init__(self, node_id: str, engine, storage: str = "", **kw):
+    def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0, **kw):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
@@ -43,11 +44,21 @@ class WorkerNode(Node):
         self._engine_snapshot: dict = {}
         cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
                "calibration": engine.cost_model.to_dict() if engine.cost_model else None}
+        self.stall_timeout = stall_timeout
+        self.last_progress = time.monotonic()  # the compute loop's last sign of life
+        self._reset = threading.Event()
+        self._reset_done = threading.Event()
+        plan = fault_plan()
+        self._stall_after = plan.stall_after_steps if plan is not None else None
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
+        if self.registration is not None:
+            self.registration.on_rejoin = self._let_go
         self._compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         self._writer = threading.Thread(target=self._write_loop, name="result-writer", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch_progress, name="watchdog", daemon=True)
         self._compute.start()
         self._writer.start()
+        self._watchdog.start()
 
     def handler_table(self) -> dict:
         return {"AssignSequences": self.on_assign, "HoldingQuery": self.on_holding}
@@ -121,7 +132,13 @@ class WorkerNode(Node):
                 return
 
     def _compute_loop(self) -> None:
+        steps = 0
         while not self._stop.is_set():
+            self.last_progress = time.monotonic()
+            if self._reset.is_set():
+                self._drop_everything()
+            if self._stall_after is not None and steps >= self._stall_after:
+                time.sleep(3600)  # injected fault: a wedged step loop (the watchdog must notice)
             self._drain_inbox()
             if not self.engine.has_unfinished():
                 continue
@@ -139,8 +156,52 @@ class WorkerNode(Node):
                 if out.margins:
                     rec["margins"] = out.margins
                 self.results.put((job_id, rec))
+            steps += 1
             self.step_times.append(time.perf_counter() - t)
             self._engine_snapshot = {"engine": self.engine.stats_snapshot()}
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def _let_go(self) -> None:
+        """Our lease expired (this process was frozen or cut off): the scheduler has
+        placed our work elsewhere, so drop it before registering again as a new
+        incarnation (a result already computed is still written: storage keeps the
+        first). Runs on the lease thread; the compute thread does the dropping."""
+        self._reset_done.clear()
+        self._reset.set()
+        if not self._reset_done.wait(timeout=60):
+            log.error("[rejoin] the compute thread did not drop its work within 60 s")
+
+    def _drop_everything(self) -> None:
+        dropped = len(self.engine.seqs)
+        for key in list(self.engine.seqs):
+            self.engine.abort(key)
+        while True:
+            try:
+                dropped += len(self.inbox.get_nowait()[1])
+            except queue.Empty:
+                break
+        with self._holding_lock:
+            self.holding.clear()
+        self.counters["sequences.dropped_on_rejoin"] += dropped
+        log.warning("[rejoin] lease lost: dropped %d held sequences; registering again", dropped)
+        self._reset.clear()
+        self._reset_done.set()
+
+    def _watch_progress(self) -> None:
+        """A step loop that stops making progress while holding work revokes this
+        node's lease and stops the process: a wedged worker must not look alive just
+        because its keep-alive thread still runs. Its work is placed elsewhere."""
+        while not self._stop.wait(1.0):
+            stalled = time.monotonic() - self.last_progress
+            if stalled > self.stall_timeout and self.engine.has_unfinished():
+                log.error("[watchdog] no step for %.0f s with work held: revoking the lease and stopping", stalled)
+                self.counters["watchdog.stalls"] += 1
+                if self.registration is not None:
+                    self.registration.stop(revoke=True)
+                self.exit_code = 3
+                self.stop()
+                return
 
     # -- result writer thread ----------------------------------------------------------------
 
@@ -212,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
+    ap.add_argument("--stall-timeout", type=float, default=300.0,
+                    help="seconds without a step, while holding work, before the worker revokes its lease and exits")
     args = ap.parse_args(argv)
     node_id = args.node_id or f"worker-{os.getpid()}"
     start_logging("worker", node_id)
@@ -219,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                 max_num_batched_tokens=args.budget))
-    node = WorkerNode(node_id, engine, args.storage, bind=args.bind, etcd=args.etcd, cluster=args.cluster,
-                      advertise=args.advertise)
+    node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, bind=args.bind, etcd=args.etcd,
+                      cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

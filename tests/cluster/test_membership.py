@@ -18,7 +18,8 @@ def test_join_and_leave_are_seen_by_a_watcher(etcd_endpoint, cluster_name):
     a = Registration(etcd_endpoint, cluster_name, "worker", "w1", {"address": "tcp://127.0.0.1:1"}).start()
     b = Registration(etcd_endpoint, cluster_name, "storage", "s1", {"address": "tcp://127.0.0.1:2"}).start()
     assert view.wait_for(lambda m: set(m) == {"w1", "s1"}, timeout=5)
-    assert view.snapshot("worker")["w1"].info == {"address": "tcp://127.0.0.1:1"}
+    # The record names the lease it lives under: the node's incarnation.
+    assert view.snapshot("worker")["w1"].info == {"address": "tcp://127.0.0.1:1", "incarnation": a.lease.id}
     assert a.alive() and b.alive()
     a.stop()
     assert view.wait_for(lambda m: set(m) == {"s1"}, timeout=5)

@@ -17,7 +17,8 @@ FAST_RPC = {"SHOAL_RPC_TIMEOUT_S": "2"}  # a dead peer costs 2 s per try, not 10
 
 def cluster(tiny_model, tmp_path, **kw) -> shoal.LocalCluster:
     kw.setdefault("env", FAST_RPC)
-    return shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb", worker_args=WORKER_ARGS, **kw)
+    kw.setdefault("worker_args", WORKER_ARGS)
+    return shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb", **kw)
 
 
 def kill(c: shoal.LocalCluster, name: str) -> None:
@@ -128,4 +129,52 @@ def test_frozen_scheduler_rejoins_and_the_router_keeps_serving(tiny_model, tmp_p
         assert stuck == ["unavailable"]  # the router gave up on the frozen scheduler and said so
         _, new_epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
         assert new_epoch > epoch
+    check_whole(tiny_model, items, results)
+
+
+def test_frozen_worker_loses_its_work_and_rejoins_without_duplicates(tiny_model, tmp_path):
+    """SIGSTOP a worker (a wedged process) past its lease: its work goes to the other
+    worker; after SIGCONT it drops what it held and registers as a new incarnation."""
+    import time
+
+    from shoal.nodes.membership import MemberView
+
+    items = workload()
+    with cluster(tiny_model, tmp_path, workers=2) as c:
+        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        view = MemberView(c.etcd.endpoint, c.cluster).start()
+        before = view.snapshot("worker")["worker-0"].info["incarnation"]
+        assert wait_for_progress(job, 3) < len(items)
+        frozen = c.process("worker-0")
+        frozen.send_signal(signal.SIGSTOP)
+        assert view.wait_for(lambda m: "worker-0" not in m, timeout=15), "the frozen worker's lease did not expire"
+        time.sleep(1)
+        frozen.send_signal(signal.SIGCONT)
+        assert view.wait_for(lambda m: "worker-0" in m and m["worker-0"].info["incarnation"] != before, timeout=15)
+        results = job.wait(timeout=240)
+        stats = RpcClient(c.nodes["worker-0"][2]).request("StatsQuery")["stats"]["counters"]
+        view.stop()
+    assert stats.get("sequences.dropped_on_rejoin", 0) > 0
+    check_whole(tiny_model, items, results)
+
+
+def test_wedged_step_loop_revokes_its_lease_and_exits(tiny_model, tmp_path):
+    """The step loop stops (injected) while the keep-alive thread runs: the watchdog
+    revokes the lease and stops the worker; a restarted worker finishes the job."""
+    import orjson
+
+    from shoal.nodes.membership import MemberView
+
+    items = workload(16)
+    env = {**FAST_RPC, "SHOAL_FAULTS": orjson.dumps({"stall_after_steps": 6}).decode()}
+    with cluster(tiny_model, tmp_path, env=env, worker_args=[*WORKER_ARGS, "--stall-timeout", "2"]) as c:
+        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        worker = c.process("worker-0")
+        assert worker.wait(timeout=60) == 3  # the watchdog's exit code
+        view = MemberView(c.etcd.endpoint, c.cluster).start()
+        assert "worker-0" not in view.snapshot("worker")  # revoked, not left to expire
+        assert job.status()["state"] == "running"
+        c.restart("worker-0", env=FAST_RPC)
+        results = job.wait(timeout=240)
+        view.stop()
     check_whole(tiny_model, items, results)
