@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 ENV = "SHOAL_FAULTS"
 SPARED = frozenset({"Hello", "Ready"})  # the handshake stays reliable, like a real TCP connect
+INJECTED = {"drop": 0, "duplicate": 0, "delay": 0, "reorder": 0}  # by every socket of this process
 
 
 @dataclass
@@ -83,6 +84,10 @@ class FaultySocket:
         self._held: list | None = None
         self.injected = {"drop": 0, "duplicate": 0, "delay": 0, "reorder": 0}
 
+    def _count(self, kind: str) -> None:
+        self.injected[kind] += 1
+        INJECTED[kind] += 1
+
     def __getattr__(self, name):
         return getattr(self._sock, name)
 
@@ -92,18 +97,18 @@ class FaultySocket:
         if not plan.applies_to(_msg_type(header)):
             return self._send(frames, *args, **kw)
         if rng.random() < plan.drop:
-            self.injected["drop"] += 1
+            self._count("drop")
             return None
         if rng.random() < plan.delay:
-            self.injected["delay"] += 1
+            self._count("delay")
             time.sleep(rng.random() * plan.delay_ms / 1000)
         if self._held is None and rng.random() < plan.reorder:
-            self.injected["reorder"] += 1
+            self._count("reorder")
             self._held = [bytes(f) for f in frames]
             return None
         sent = self._send(frames, *args, **kw)
         if rng.random() < plan.duplicate:
-            self.injected["duplicate"] += 1
+            self._count("duplicate")
             self._send(frames, *args, **kw)
         return sent  # an asyncio socket's future for the message itself
 

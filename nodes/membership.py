@@ -36,9 +36,17 @@ def members_prefix(cluster: str, role: str | None = None) -> str:
     return f"/shoal/{cluster}/members/" + (f"{role}/" if role else "")
 
 
+ETCD_RETRY_S = 1.0
+
+
 def connect(endpoint: str, timeout: float = 5.0):
     host, _, port = endpoint.rpartition(":")
-    return etcd3.client(host or "127.0.0.1", int(port), timeout=timeout)
+    client = etcd3.client(host or "127.0.0.1", int(port), timeout=timeout)
+    # After one failed call the client refuses its endpoint for time_retry seconds
+    # (300 by default): a cluster would stay deaf for five minutes after etcd returns.
+    for ep in client.endpoints.values():
+        ep.time_retry = ETCD_RETRY_S
+    return client
 
 
 def refresh_deadline(lease) -> float | None:
@@ -147,6 +155,7 @@ class MemberView:
         self.changed = threading.Condition(self.lock)
         self._watch_id = None
         self.relists = 0
+        self._stopped = False
 
     def start(self) -> "MemberView":
         self._relist()
@@ -185,11 +194,17 @@ class MemberView:
         self._notify()
 
     def _relist_after_pause(self) -> None:
-        time.sleep(0.5)
-        try:
-            self._relist()
-        except Exception as e:
-            log.warning("[watch] relist failed: %s", e)
+        """The watch broke (etcd restarted or is away): list again until etcd answers,
+        with capped backoff; until then the view keeps its last known members."""
+        pause = 0.5
+        while not self._stopped:
+            time.sleep(pause)
+            try:
+                self._relist()
+                return
+            except Exception as e:
+                log.warning("[watch] relist failed (%s); retrying in %.1f s", e, pause)
+                pause = min(pause * 2, 5.0)
 
     def _notify(self) -> None:
         if self.on_change:
@@ -211,6 +226,7 @@ class MemberView:
             return True
 
     def stop(self) -> None:
+        self._stopped = True
         if self._watch_id is not None:
             try:
                 self.client.cancel_watch(self._watch_id)

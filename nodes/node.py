@@ -71,9 +71,10 @@ class Node:
     def stats(self) -> dict:
         """What `shoal nodes` and the metrics endpoint show; roles add their own."""
         out = {"counters": dict(self.counters), "uptime_s": time.time() - self.started, "address": self.advertise}
-        injected = getattr(self.sock, "injected", None)  # a fault plan is on (sockets.py)
-        if injected is not None:
-            out["faults_injected"] = dict(injected)
+        if sockets.fault_plan() is not None:  # faults injected by this process's sockets
+            from shoal.nodes.faults import INJECTED
+
+            out["faults_injected"] = dict(INJECTED)
         return out
 
     def on_stats(self, msg: Message):
@@ -171,7 +172,7 @@ class Node:
             self.registration.stop()
         # destroy, not term: it also closes the clients a role opened to its peers,
         # which would otherwise keep term() waiting forever.
-        self.ctx.destroy(linger=0)
+        sockets.close_context(self.ctx)
         log.info("[shutdown] %s %s", self.role, self.node_id)
 
 

@@ -65,6 +65,8 @@ class RouterNode(AsyncNode):
             # Every request a router forwards is idempotent: one lost message is re-sent.
             return await self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout, retries=1)
         except RemoteError as e:
+            if e.code == "not_leader":  # etcd still names a leader that has stepped down
+                raise ProtocolError("unavailable", "the scheduler leadership is changing; retry") from None
             raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
         except TimeoutError:
             raise ProtocolError("unavailable", f"{address} did not answer {msg.type}") from None

@@ -103,9 +103,17 @@ class SchedulerNode(Node):
     def _campaign(self) -> None:
         """Campaign, lead until the lease is lost (e.g. this process was frozen), step
         down, and campaign again: a node that loses leadership rejoins as a standby."""
+        pause = 0.5
         while not self._stop.is_set():
-            if not self.election.wait_for_leadership():
-                return
+            try:
+                if not self.election.wait_for_leadership():
+                    return
+                pause = 0.5
+            except Exception as e:  # etcd away: keep campaigning, with capped backoff
+                log.warning("[leader] %s cannot campaign (%s); retrying in %.1f s", self.node_id, e, pause)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
             while self.election.is_leader() and not self._stop.is_set():
                 time.sleep(0.1)
             if not self._stop.is_set():

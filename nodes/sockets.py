@@ -4,14 +4,18 @@ ROUTER sockets set ROUTER_MANDATORY, so a send to a peer that is gone raises
 (zmq.ZMQError EHOSTUNREACH) instead of vanishing; ZMTP heartbeats notice a dead peer
 on an idle connection. High-water marks bound every queue: a full queue blocks or
 fails the sender (back-pressure), it never drops silently. With a fault plan in the
-environment (`faults.py`), every socket made here injects seeded network faults.
+environment (`faults.py`), every socket made here injects seeded network faults; with
+CURVE keys (`curve.py`), every connection is encrypted and authenticated.
 """
 
 from __future__ import annotations
 
 import zmq
 
+from shoal.nodes import curve
 from shoal.nodes.faults import FaultPlan, FaultySocket
+
+FROM_ENV = object()  # keys argument: read SHOAL_CURVE_KEYS
 
 HWM = 10_000  # messages queued per peer before senders feel back-pressure
 HEARTBEAT_IVL_MS = 1000
@@ -26,6 +30,17 @@ def fault_plan() -> FaultPlan | None:
     if not _plan_read:
         _plan, _plan_read = FaultPlan.from_env(), True
     return _plan
+
+
+_env_keys: list = []
+
+
+def _keys(keys) -> "curve.CurveKeys | None":
+    if keys is FROM_ENV:
+        if not _env_keys:
+            _env_keys.append(curve.CurveKeys.from_env())
+        return _env_keys[0]
+    return keys
 
 
 def _faulty(sock: zmq.Socket, routed: bool):
@@ -43,11 +58,13 @@ def _common(sock: zmq.Socket) -> zmq.Socket:
     return sock
 
 
-def router(ctx: zmq.Context, bind: str) -> tuple[zmq.Socket, str]:
+def router(ctx: zmq.Context, bind: str, keys=FROM_ENV) -> tuple[zmq.Socket, str]:
     """A request socket bound at `bind` (tcp://HOST:PORT, port 0 or * for a free one);
     returns it and the address it actually bound."""
     sock = _common(ctx.socket(zmq.ROUTER))
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if (k := _keys(keys)) is not None:
+        curve.serve_with(sock, ctx, k)
     host, _, port = bind.rpartition(":")
     if port in ("0", "*"):
         port = sock.bind_to_random_port(host)
@@ -56,9 +73,17 @@ def router(ctx: zmq.Context, bind: str) -> tuple[zmq.Socket, str]:
     return _faulty(sock, True), bind
 
 
-def dealer(ctx: zmq.Context, connect: str, identity: bytes | None = None) -> zmq.Socket:
+def dealer(ctx: zmq.Context, connect: str, identity: bytes | None = None, keys=FROM_ENV) -> zmq.Socket:
     sock = _common(ctx.socket(zmq.DEALER))
+    if (k := _keys(keys)) is not None:
+        curve.connect_with(sock, k)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(connect)
     return _faulty(sock, False)
+
+
+def close_context(ctx: zmq.Context) -> None:
+    """Destroys a node's context with every socket in it (its authenticator first)."""
+    curve.release(ctx)
+    ctx.destroy(linger=0)

@@ -167,6 +167,15 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_keys(args) -> int:
+    from shoal.nodes.curve import generate
+
+    d = generate(args.dir)
+    print(f"CURVE keypair: {d / 'cluster.key'} (public), {d / 'cluster.key_secret'} (secret, mode 600)")
+    print("give the directory to every host (cluster file: curve_keys) and client (SHOAL_CURVE_KEYS)")
+    return 0
+
+
 NODE_MAINS = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
               "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
@@ -196,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
     g.set_defaults(fn=cmd_generate)
+
+    k = sub.add_parser("keys", help="CURVE keys for a cluster")
+    k.add_argument("action", choices=["generate"])
+    k.add_argument("dir", help="directory for the cluster keypair")
+    k.set_defaults(fn=cmd_keys)
 
     u = sub.add_parser("up", help="start a local cluster: etcd and every node as processes on this machine")
     u.add_argument("--model", required=True)
@@ -246,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
-    except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError) as e:
+    except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError, FileExistsError) as e:
         print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

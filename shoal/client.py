@@ -61,9 +61,11 @@ class Client:
     request whose reply does not come within `timeout` is sent again, and one answered
     'unavailable' (no leader yet, a takeover under way) is retried after a pause."""
 
-    def __init__(self, router: str, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 50):
+    def __init__(self, router: str, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 50, curve_keys=None):
+        """`curve_keys`: the cluster's key directory when it uses CURVE (default:
+        $SHOAL_CURVE_KEYS, if set)."""
         self.router = router
-        self.rpc = RpcClient(router)
+        self.rpc = RpcClient(router, curve_keys=curve_keys) if curve_keys else RpcClient(router)
         self.timeout, self.retries = timeout, retries
 
     def submit(self, items: list[dict] | None = None, program: str = "generate", params: dict | None = None,

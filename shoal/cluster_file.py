@@ -5,6 +5,8 @@
     model = "/models/qwen3-8b"       # workers' model folder (same path on every host)
     state_dir = "/var/lib/shoal"     # per host: <state_dir>/<host name>/
     dtype = "bfloat16"               # optional, workers' dtype (default float32)
+    curve_keys = "/etc/shoal/keys"   # optional: CURVE-encrypt and authenticate every
+                                     # connection (`shoal keys generate DIR`; same keys on every host)
 
     [[hosts]]
     name = "head"
@@ -51,6 +53,7 @@ class ClusterFile:
     state_dir: Path
     dtype: str
     hosts: tuple[Host, ...]
+    curve_keys: Path | None = None
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -90,4 +93,5 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
     etcd = need(raw, "etcd", "the file")
     return ClusterFile(need(raw, "cluster", "the file"), tuple([etcd] if isinstance(etcd, str) else etcd),
                        need(raw, "model", "the file"), Path(need(raw, "state_dir", "the file")),
-                       raw.get("dtype", "float32"), tuple(hosts))
+                       raw.get("dtype", "float32"), tuple(hosts),
+                       Path(raw["curve_keys"]) if raw.get("curve_keys") else None)

@@ -16,6 +16,12 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
         raise RuntimeError(f"{host.name} already runs nodes ({pidfile}); cluster-down first")
     common = ["--etcd", cf.etcd[0], "--cluster", cf.cluster, "--bind", f"tcp://{host.address}:0"]
     started: dict = {"pids": [], "addresses": {}}
+    env = None
+    if cf.curve_keys:
+        from shoal.nodes.curve import CurveKeys
+
+        CurveKeys.load(cf.curve_keys)  # a missing keypair fails here, not in every node
+        env = {"SHOAL_CURVE_KEYS": str(cf.curve_keys)}
     order = [r for r in ("storage", "scheduler", "worker", "router") if r in host.roles]
     try:
         for role in order:
@@ -27,7 +33,7 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                     args += ["--dir", str(home / role)]
                 if role == "worker":
                     args += ["--model", cf.model, "--dtype", cf.dtype]
-                proc, address = spawn_node(role, name, args, home / "logs")
+                proc, address = spawn_node(role, name, args, home / "logs", env)
                 started["pids"].append(proc.pid)
                 started["addresses"][name] = address
                 if role == "router":

@@ -20,12 +20,16 @@ from shoal.node_process import spawn_node, terminate_pids
 class LocalCluster:
     def __init__(self, model: str | Path, workers: int = 1, state_dir: str | Path | None = None,
                  cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
-                 schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None):
+                 schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
+                 curve_keys: str | Path | None = None):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
-        (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker."""
+        (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
+        `curve_keys` (a `shoal keys generate` directory) encrypts every connection."""
         self.model, self.workers, self.cluster, self.dtype, self.policy = str(model), workers, cluster, dtype, policy
         self.worker_threads, self.schedulers, self.env = worker_threads, schedulers, env
         self.worker_args = worker_args or []
+        if curve_keys:
+            self.env = {**(self.env or {}), "SHOAL_CURVE_KEYS": str(curve_keys)}
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
         self.procs: list[subprocess.Popen] = []
         self.nodes: dict[str, tuple[subprocess.Popen, list[str], str]] = {}  # name -> (process, args, address)

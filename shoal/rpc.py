@@ -29,10 +29,16 @@ class RemoteError(RuntimeError):
 
 
 class RpcClient:
-    def __init__(self, address: str, ctx: zmq.Context | None = None):
+    def __init__(self, address: str, ctx: zmq.Context | None = None, curve_keys=sockets.FROM_ENV):
+        """`curve_keys`: a `CurveKeys` (or a key directory) for a cluster that uses
+        CURVE; by default $SHOAL_CURVE_KEYS, if set."""
         self.address = address
         self.ctx = ctx or zmq.Context.instance()
-        self.sock = sockets.dealer(self.ctx, address)
+        if isinstance(curve_keys, (str, os.PathLike)):
+            from shoal.nodes.curve import CurveKeys
+
+            curve_keys = CurveKeys.load(curve_keys)
+        self.sock = sockets.dealer(self.ctx, address, keys=curve_keys)
         self.stale = 0  # late replies discarded
 
     def raw(self, frames: list, timeout: float = DEFAULT_TIMEOUT_S) -> Message:

@@ -178,3 +178,27 @@ def test_wedged_step_loop_revokes_its_lease_and_exits(tiny_model, tmp_path):
         results = job.wait(timeout=240)
         view.stop()
     check_whole(tiny_model, items, results)
+
+
+def test_etcd_away_longer_than_the_lease(tiny_model, tmp_path):
+    """etcd stops for longer than the lease TTL and comes back on its data. While it is
+    away every node is past its own lease deadline and takes no work (none can know it
+    is still a member); the worker's engine keeps stepping on what it holds. When etcd is
+    back the nodes refresh or re-grant their leases, the leader key is won again under a
+    new epoch, and the job finishes whole."""
+    import time
+
+    items = workload(24)
+    with cluster(tiny_model, tmp_path) as c:
+        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict(), job_key="etcd-away")
+        _, epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
+        assert wait_for_progress(job, 3) < len(items)
+        c.etcd.stop()
+        time.sleep(6)  # twice the lease
+        with pytest.raises(TimeoutError):  # the router takes no work while it cannot renew its lease
+            RpcClient(c.router).request("JobStatusQuery", {"job_id": job.id}, timeout=1)
+        c.etcd.start()
+        results = job.wait(timeout=240)
+        _, new_epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
+        assert new_epoch > epoch
+    check_whole(tiny_model, items, results)
