@@ -31,6 +31,21 @@ READ_LIMIT = 1000  # records per ResultBatch
 INPUT_PAGE_BYTES = 16 << 20  # an InputBatch stays well under the message cap
 
 
+class _NoResults:
+    """A job with no results on this node, as a read sees it."""
+
+    failed = 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def __contains__(self, item_id) -> bool:
+        return False
+
+    def read(self, offset: int, limit: int) -> list:
+        return []
+
+
 class StorageNode(Node):
     role = "storage"
 
@@ -70,12 +85,12 @@ class StorageNode(Node):
         self._fence(msg["epoch"])
         jobs = []
         for rec in self.job_log.jobs.values():
-            rl = self._log(rec["job_id"])
+            rl = self._log(rec["job_id"], create=False)
             jobs.append({**rec, "done": len(rl), "failed": rl.failed})
         return encode("JobList", {"jobs": jobs}, reply_to=msg.id)
 
     def on_result_count(self, msg: Message):
-        rl = self._log(msg["job_id"])
+        rl = self._log(msg["job_id"], create=False)
         return encode("ResultCount", {"job_id": msg["job_id"], "records": len(rl), "failed": rl.failed}, reply_to=msg.id)
 
     # -- inputs ------------------------------------------------------------------------------
@@ -105,7 +120,7 @@ class StorageNode(Node):
             raise ProtocolError(ProtocolError.INVALID_FIELD, "ReadInput needs offset >= 0 and limit > 0")
         keep = None
         if msg["pending_only"]:
-            rl = self._log(msg["job_id"])
+            rl = self._log(msg["job_id"], create=False)
             keep = lambda item: item["id"] not in rl  # noqa: E731 - items without a result yet
         try:
             items, nxt = self.inputs.read(check_name("job_id", msg["job_id"]), msg["offset"], msg["limit"],
@@ -117,13 +132,18 @@ class StorageNode(Node):
 
     # -- results -----------------------------------------------------------------------------
 
-    def _log(self, job_id: str) -> ResultLog:
+    def _log(self, job_id: str, create: bool = True) -> "ResultLog | _NoResults":
+        """The job's result log; a read (`create=False`) of a job with none gets an
+        empty view, so a mistyped job id leaves no files behind."""
         try:
             check_name("job_id", job_id)
         except InputError as e:
             raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
         if job_id not in self.logs:
-            self.logs[job_id] = ResultLog(self.dir / "jobs" / job_id / "results.wal")
+            path = self.dir / "jobs" / job_id / "results.wal"
+            if not create and not path.exists():
+                return _NoResults()
+            self.logs[job_id] = ResultLog(path)
         return self.logs[job_id]
 
     def on_write_results(self, msg: Message):
@@ -139,7 +159,7 @@ class StorageNode(Node):
     def on_subscribe(self, msg: Message):
         if msg["offset"] < 0:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "offset must be >= 0")
-        rl = self._log(msg["job_id"])
+        rl = self._log(msg["job_id"], create=False)
         records = rl.read(msg["offset"], READ_LIMIT)
         return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
                                       "final": False, "available": len(rl)}, reply_to=msg.id)

@@ -35,7 +35,7 @@ def storage(tmp_path, etcd_endpoint, cluster_name):
     proc.wait()
 
 
-def test_handshake_write_read_and_membership(storage, etcd_endpoint, cluster_name):
+def test_handshake_write_read_and_membership(storage, etcd_endpoint, cluster_name, tmp_path):
     proc, address = storage
     view = MemberView(etcd_endpoint, cluster_name).start()
     assert view.wait_for(lambda m: "st-1" in m, timeout=5)
@@ -51,6 +51,10 @@ def test_handshake_write_read_and_membership(storage, etcd_endpoint, cluster_nam
     assert [r["text"] for r in batch["records"]] == ["b", "c"]
     with pytest.raises(RemoteError, match="not a valid id"):
         c.request("Subscribe", {"job_id": "../etc", "offset": 0})
+    # Reading a job that has no results answers "nothing yet" and makes no files for it.
+    assert c.request("Subscribe", {"job_id": "typo", "offset": 0})["records"] == []
+    assert c.request("ResultCountQuery", {"job_id": "typo"})["records"] == 0
+    assert not (tmp_path / "st" / "jobs" / "typo").exists() and (tmp_path / "st" / "jobs" / "j1").exists()
     view.stop()
 
 
