@@ -214,6 +214,12 @@ class MemberView:
         with self.lock:
             return {m.node_id: m for m in self.members.values() if role is None or m.role == role}
 
+    def storage_address(self) -> str | None:
+        """The storage node a job's inputs, results and log go to: the one with the
+        smallest id, so that the router and every scheduler make the same choice."""
+        members = self.snapshot("storage")
+        return members[min(members)].info["address"] if members else None
+
     def wait_for(self, predicate: Callable[[dict], bool], timeout: float) -> bool:
         """Waits (on watch events, not sleeps) until predicate(snapshot) holds."""
         deadline = time.monotonic() + timeout

@@ -67,7 +67,7 @@ class RouterNode(AsyncNode):
         except RemoteError as e:
             if e.code == "not_leader":  # etcd still names a leader that has stepped down
                 raise ProtocolError("unavailable", "the scheduler leadership is changing; retry") from None
-            raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
+            raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
             raise ProtocolError("unavailable", f"{address} did not answer {msg.type}") from None
 
@@ -79,10 +79,10 @@ class RouterNode(AsyncNode):
         return member.info["address"]
 
     def _storage(self) -> str:
-        members = self.view.snapshot("storage")
-        if not members:
+        address = self.view.storage_address()
+        if address is None:
             raise ProtocolError("unavailable", "no storage node in the cluster")
-        return members[min(members)].info["address"]  # the same choice the scheduler makes
+        return address
 
     async def on_submit(self, msg: Message):
         if not msg["job_key"]:

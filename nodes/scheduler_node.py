@@ -140,10 +140,10 @@ class SchedulerNode(Node):
     # -- talking to storage and workers ------------------------------------------------------------
 
     def _storage(self) -> str:
-        members = self.view.snapshot("storage")
-        if not members:
+        address = self.view.storage_address()
+        if address is None:
             raise ProtocolError("unavailable", "no storage node in the cluster")
-        return members[min(members)].info["address"]  # the same choice the router makes
+        return address
 
     def _call(self, address: str, msg_type: str, fields: dict, timeout: float = CALL_TIMEOUT_S) -> Message:
         try:
@@ -151,7 +151,7 @@ class SchedulerNode(Node):
             # Everything a scheduler sends is idempotent: one lost message is re-sent.
             return client.request(msg_type, fields, timeout=timeout, retries=1)
         except RemoteError as e:
-            raise ProtocolError(e.code, str(e).split(": ", 1)[-1]) from None
+            raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
             raise ProtocolError("unavailable", f"{address} did not answer {msg_type}") from None
 

@@ -26,6 +26,7 @@ class RemoteError(RuntimeError):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
+        self.message = message
 
 
 class RpcClient:
