@@ -10,7 +10,9 @@ HOST ?= $(shell hostname -s)
 
 # torch 2.13.0 is pinned here (a local CPU wheel on the dev machines); pyproject accepts
 # any torch >= 2.4 so a GPU host keeps its CUDA build.
+# iproute2 (`ip`) makes the network namespaces of the partition test.
 $(STAMP): pyproject.toml
+	@command -v ip >/dev/null || (apt-get update -qq && apt-get install -y -qq iproute2)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[worker,node,dev]"
 	@mkdir -p .make && touch $(STAMP)

@@ -86,9 +86,11 @@ class InputStore:
             self._totals[job_id] = orjson.loads(meta.read_bytes())["total"]
         return self._totals[job_id]
 
-    def ingest(self, job_id: str, items: list | None = None, upload_id: str = "", input_path: str = "") -> int:
-        """Checks and stores a job's input once; returns its item count. Ingesting a job
-        that is already stored returns its count (the submit was retried)."""
+    def ingest(self, job_id: str, items: list | None = None, upload_id: str = "", input_path: str = "",
+               program: str = "generate") -> int:
+        """Checks (as items of `program`) and stores a job's input once; returns its item
+        count. Ingesting a job that is already stored returns its count (the submit was
+        retried)."""
         known = self.total(job_id)
         if known is not None:
             if upload_id:  # the upload was re-sent by a retried submit: not needed again
@@ -105,11 +107,11 @@ class InputStore:
             records = ((f"item {i}", i, rec) for i, rec in enumerate(items or [], 1))
         d = self.root / "jobs" / job_id
         d.mkdir(parents=True, exist_ok=True)
-        checker, total = ItemChecker(), 0
+        checker, total = ItemChecker(program), 0
         tmp = d / "input.jsonl.tmp"
         with open(tmp, "wb") as out:
             for where, place, rec in records:
-                out.write(orjson.dumps(checker.check(rec, where, place).to_record()) + b"\n")
+                out.write(orjson.dumps(checker.record(rec, where, place)) + b"\n")
                 total += 1
             out.flush()
             os.fsync(out.fileno())

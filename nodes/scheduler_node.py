@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from shoal.nodes.leader import Election
 from shoal.nodes.membership import MemberView
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
@@ -34,7 +35,6 @@ from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 
 log = logging.getLogger(__name__)
 
-PROGRAMS = ("generate",)
 DEFAULT_MAX_HELD = 256
 INPUT_PAGE = 512  # items per ReadInput
 INGEST_TIMEOUT_S = 300.0  # checking a large input file on storage takes a while
@@ -49,7 +49,7 @@ class Job:
     job_id: str
     job_key: str
     program: str
-    params: dict  # the job's sampling parameters; an item may set its own max_tokens
+    params: dict  # the program's arguments (for `generate`: sampling parameters)
     total: int
     storage: str  # the storage node's address: inputs, results, the job log
     state: str = "running"
@@ -71,10 +71,13 @@ class Job:
         return {"job_id": self.job_id, "state": self.state, "total": self.total, "done": self.done,
                 "tokens_per_s": self.tokens / max(elapsed, 1e-9)}
 
-    def assignment(self, item: dict) -> dict:
-        params = {**self.params, **({"max_tokens": item["max_tokens"]} if item.get("max_tokens") else {})}
-        return {"seq_id": item["id"], "prompt": item.get("prompt"), "prompt_token_ids": item.get("prompt_token_ids"),
-                "params": params}
+    def assignment(self, item: dict, state: dict | None = None) -> dict:
+        # The item goes as it is: the job's program reads its fields on the worker. A
+        # sequence placed again goes with its last checkpoint, to restart from there.
+        a = {"seq_id": item["id"], "item": item}
+        if state:
+            a["state"] = state
+        return a
 
     def rescan(self) -> None:
         """Read the input again from the start (only items without results come back):
@@ -170,14 +173,17 @@ class SchedulerNode(Node):
                            INGEST_TIMEOUT_S)
             return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
                                           "duplicate": True}, reply_to=msg.id)
-        if msg["program"] not in PROGRAMS:
-            raise ProtocolError(ProtocolError.INVALID_FIELD, f"unknown program {msg['program']!r}; known: {', '.join(PROGRAMS)}")
+        try:
+            check_program_name(msg["program"])
+        except ProgramError as e:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
         storage = self._storage()
         # The input is checked and made durable on storage, then the job is logged there,
         # before it is accepted: an accepted job survives any node's death. Only a large
         # input (an upload, a file) is worth waiting long for.
         large = msg["upload_id"] or msg["input_path"]
         ready = self._call(storage, "IngestInput", {"job_id": job_id, "items": msg["items"], "upload_id": msg["upload_id"],
+                                                     "program": msg["program"],
                                                      "input_path": msg["input_path"] or "", "epoch": epoch},
                            INGEST_TIMEOUT_S if large else CALL_TIMEOUT_S)
         job = Job(job_id, msg["job_key"], msg["program"], dict(msg["params"]), ready["total"], storage)
@@ -300,9 +306,10 @@ class SchedulerNode(Node):
         while len(job.pending) < want and job.cursor < job.total:
             page = self._call(job.storage, "ReadInput", {"job_id": job.job_id, "offset": job.cursor,
                                                          "limit": INPUT_PAGE, "pending_only": True})
-            for item in page["items"]:
+            checkpoints = page["checkpoints"] or [None] * len(page["items"])
+            for item, state in zip(page["items"], checkpoints):
                 if item["id"] not in job.placed and item["id"] not in job.pending_ids:
-                    job.pending.append(job.assignment(item))
+                    job.pending.append(job.assignment(item, state))
                     job.pending_ids.add(item["id"])
             if page["next_offset"] <= job.cursor:
                 raise ProtocolError("internal", f"storage read no further than input position {job.cursor}")
@@ -331,7 +338,7 @@ class SchedulerNode(Node):
                             int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2, speeds[wid] or typical)
                  for wid, w in workers.items()]
         by_id = {a["seq_id"]: a for a in job.pending}
-        placed, left = place([PendingSeq(sid, self._kv_need(a)) for sid, a in by_id.items()], loads)
+        placed, left = place([PendingSeq(sid, self._kv_need(a["item"], job.params)) for sid, a in by_id.items()], loads)
         job.pending = deque(by_id[p.seq_id] for p in left)
         for wid, sids in placed.items():
             seqs = [by_id[s] for s in sids]
@@ -340,6 +347,7 @@ class SchedulerNode(Node):
                 # worker drops an assignment it holds already, storage a second result.
                 self._call(workers[wid].info["address"], "AssignSequences",
                            {"epoch": self.election.epoch, "job_id": job.job_id, "sequences": seqs,
+                            "program": job.program, "args": job.params,
                             "report_to": self.advertise, "storage": job.storage})
                 job.placed.update((s, wid) for s in sids)
                 job.pending_ids.difference_update(sids)
@@ -356,9 +364,11 @@ class SchedulerNode(Node):
         return 1.0 / beta_d if beta_d > 0 else None
 
     @staticmethod
-    def _kv_need(item: dict) -> int:
+    def _kv_need(item: dict, params: dict) -> int:
+        """KV tokens an item will need, as far as its fields tell (a program with several
+        operations may need more; the worker's own admission has the last word)."""
         prompt = len(item["prompt_token_ids"]) if item.get("prompt_token_ids") else len(item.get("prompt") or "") // 3 + 1
-        return prompt + int(item["params"].get("max_tokens", 64))
+        return prompt + int(item.get("max_tokens") or params.get("max_tokens", 64))
 
     def close(self) -> None:
         self.election.resign()

@@ -3,7 +3,8 @@
 Inputs arrive inline, in chunks or by path and are checked once (`input_store.py`);
 the scheduler reads them in pages. Results are written through a WAL with group
 commit, first writer wins, served back from resumable offsets, and compacted into
-JSONL and Parquet shards once every item of the job has its result.
+JSONL and Parquet shards once every item of the job has its result. Sequence
+checkpoints (`checkpoint_store.py`) ride along with the items placed again.
 
 Durability domain: this node's disk. A WriteAck is sent only after the fsync that
 covers its records, so an acknowledged result survives a crash of any process.
@@ -17,6 +18,7 @@ import threading
 from pathlib import Path
 
 from shoal.generate_input import InputError
+from shoal.nodes.checkpoint_store import CheckpointStore
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
@@ -52,6 +54,7 @@ class StorageNode(Node):
     def __init__(self, node_id: str, data_dir: str | Path, **kw):
         self.dir = Path(data_dir)
         self.logs: dict[str, ResultLog] = {}
+        self.checkpoints: dict[str, CheckpointStore] = {}
         self.inputs = InputStore(self.dir)
         self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
@@ -59,7 +62,7 @@ class StorageNode(Node):
         super().__init__(node_id, **kw)
 
     def handler_table(self) -> dict:
-        return {"WriteResults": self.on_write_results, "Subscribe": self.on_subscribe,
+        return {"WriteResults": self.on_write_results, "WriteCheckpoints": self.on_write_checkpoints, "Subscribe": self.on_subscribe,
                 "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input,
                 "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count}
 
@@ -109,7 +112,7 @@ class StorageNode(Node):
         self._fence(msg["epoch"])
         try:
             total = self.inputs.ingest(check_name("job_id", msg["job_id"]), msg["items"], msg["upload_id"],
-                                       msg["input_path"])
+                                       msg["input_path"], msg["program"])
         except InputError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
         log.info("[input] %s: %d items stored", msg["job_id"], total)
@@ -127,8 +130,11 @@ class StorageNode(Node):
                                           INPUT_PAGE_BYTES, keep)
         except InputError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
-        return encode("InputBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "items": items,
-                                     "next_offset": nxt}, reply_to=msg.id)
+        fields = {"job_id": msg["job_id"], "offset": msg["offset"], "items": items, "next_offset": nxt}
+        if msg["pending_only"]:  # items to place again: each restarts from its last checkpoint
+            store = self._checkpoints(msg["job_id"])
+            fields["checkpoints"] = [store.get(item["id"]) for item in items]
+        return encode("InputBatch", fields, reply_to=msg.id)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -146,12 +152,31 @@ class StorageNode(Node):
             self.logs[job_id] = ResultLog(path)
         return self.logs[job_id]
 
+    def _checkpoints(self, job_id: str) -> CheckpointStore:
+        if job_id not in self.checkpoints:
+            self.checkpoints[job_id] = CheckpointStore(self.dir / "jobs" / job_id / "checkpoints.jsonl")
+        return self.checkpoints[job_id]
+
+    def on_write_checkpoints(self, msg: Message):
+        entries = msg["checkpoints"]
+        bad = next((e for e in entries if not isinstance(e, dict) or "id" not in e or not isinstance(e.get("state"), dict)), None)
+        if bad is not None:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"checkpoint without an id or a state: {str(bad)[:60]}")
+        rl = self._log(msg["job_id"], create=False)
+        kept = self._checkpoints(msg["job_id"]).record(entries, lambda i: i in rl)
+        self.counters["checkpoints.kept"] += kept
+        return encode("CheckpointAck", {"job_id": msg["job_id"], "kept": kept}, reply_to=msg.id)
+
     def on_write_results(self, msg: Message):
         records = msg["records"]
         bad = next((r for r in records if not isinstance(r, dict) or "id" not in r), None)
         if bad is not None:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"result record without an id: {str(bad)[:60]}")
         written, dup = self._log(msg["job_id"]).append(records)
+        ckpts = self.checkpoints.get(msg["job_id"])
+        if ckpts is not None:
+            for r in records:
+                ckpts.forget(r["id"])
         self.counters["records.written"] += written
         self.counters["records.duplicate"] += dup
         return encode("WriteAck", {"job_id": msg["job_id"], "written": written, "duplicates": dup}, reply_to=msg.id)
@@ -170,6 +195,8 @@ class StorageNode(Node):
         replies = [(identity, self.dispatch(frames)) for identity, frames in batch]
         for rl in self.logs.values():
             rl.commit()
+        for store in self.checkpoints.values():
+            store.commit()
         for identity, reply in replies:
             if reply is not None:
                 self.send(identity, reply)
@@ -184,6 +211,10 @@ class StorageNode(Node):
             total = self.inputs.total(job_id)
             if total is not None and len(rl) >= total:
                 self.compacted.add(job_id)
+                store = self.checkpoints.pop(job_id, None)
+                if store is not None:  # every sequence has its result: no restart can need them
+                    store.close()
+                    store.path.unlink(missing_ok=True)
                 t = threading.Thread(target=self._compact, args=(job_id, rl.path), name=f"compact-{job_id}", daemon=True)
                 t.start()
                 self._compactions.append(t)
@@ -198,6 +229,8 @@ class StorageNode(Node):
             t.join(timeout=30)
         for rl in self.logs.values():
             rl.close()
+        for store in self.checkpoints.values():
+            store.close()
         self.job_log.close()
         super().close()
 

@@ -50,17 +50,19 @@ RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `
 CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (F("job_id", "str"),)))
 
 # -- placement: scheduler <-> worker -------------------------------------------------------
-ASSIGN = _declare(M("AssignSequences", "Sequences for a worker to run; carries the leader's epoch.", (
+ASSIGN = _declare(M("AssignSequences", "Sequences ({seq_id, item}) for a worker to run as coroutines of the job's "
+                    "program; carries the leader's epoch.", (
     F("epoch", "int"), F("job_id", "str"), F("sequences", "list"), F("report_to", "str", ""),
-    F("storage", "str", ""))))
+    F("storage", "str", ""), F("program", "str", "generate"), F("args", "dict", dict))))
 ASSIGN_ACK = _declare(M("AssignAck", "Which assigned sequences a worker took; refused ones carry their error.", (
     F("job_id", "str"), F("accepted", "int"), F("refused", "list", list))))
 STATS_QUERY = _declare(M("StatsQuery", "Ask a node for its counters.", ()))
 STATS = _declare(M("Stats", "A node's counters, queue depths and engine state.", (
     F("role", "str"), F("node_id", "str"), F("stats", "dict"))))
-PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids (stored), counters, load.", (
+PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids (stored), counters, load, and "
+                      "sequences it moved to other workers ([seq_id, node_id] pairs).", (
     F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict), F("job_id", "str", ""),
-    F("failed", "list", list), F("tokens", "int", 0))))
+    F("failed", "list", list), F("tokens", "int", 0), F("moved", "list", list))))
 PROGRESS_ACK = _declare(M("ProgressAck", "The scheduler took a ProgressReport.", (F("epoch", "int", 0),)))
 SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (protocol/sequence_state.py), KV optional.", (
     F("state", "dict"),), blobs=("kv",)))
@@ -68,12 +70,14 @@ SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (proto
 # -- inputs: scheduler <-> storage ----------------------------------------------------------
 INGEST_INPUT = _declare(M("IngestInput", "Check and store a job's input (inline items, an upload, or a path storage reads).", (
     F("job_id", "str"), F("items", "list", list), F("upload_id", "str", ""), F("input_path", "str", ""),
-    F("epoch", "int", 0))))
+    F("epoch", "int", 0), F("program", "str", "generate"))))
 INPUT_READY = _declare(M("InputReady", "A job's input is checked and durable.", (F("job_id", "str"), F("total", "int"))))
 READ_INPUT = _declare(M("ReadInput", "Read a page of a job's stored items, in input order; pending_only skips items with results.", (
     F("job_id", "str"), F("offset", "int"), F("limit", "int", 512), F("pending_only", "bool", False))))
-INPUT_BATCH = _declare(M("InputBatch", "A page of a job's items from `offset`; read on from next_offset.", (
-    F("job_id", "str"), F("offset", "int"), F("items", "list"), F("next_offset", "int", 0))))
+INPUT_BATCH = _declare(M("InputBatch", "A page of a job's items from `offset`; read on from next_offset. With "
+                         "pending_only, `checkpoints` holds each item's last sequence state (or null).", (
+    F("job_id", "str"), F("offset", "int"), F("items", "list"), F("next_offset", "int", 0),
+    F("checkpoints", "list", list))))
 LOG_JOB = _declare(M("LogJob", "Record a job's state in the durable job log on storage (the leader's epoch fences it).", (
     F("epoch", "int"), F("job", "dict"))))
 JOB_LOGGED = _declare(M("JobLogged", "The job record is durable.", (F("job_id", "str"), F("state", "str"))))
@@ -89,7 +93,37 @@ HOLDING_QUERY = _declare(M("HoldingQuery", "A new leader asks what a worker hold
 HOLDING = _declare(M("Holding", "The sequences a worker holds (queued, running, or finished but not yet stored), by job.", (
     F("node_id", "str"), F("jobs", "dict"))))
 
+# -- moving sequences: scheduler -> worker, worker -> worker -------------------------------
+MIGRATE = _declare(M("MigrateSequences", "Move sequences of a job to another worker: the listed seq_ids, or `count` "
+                     "of the source's choosing (queued ones first); count < 0 means all.", (
+    F("epoch", "int"), F("job_id", "str"), F("to_node", "str"), F("to_address", "str"),
+    F("seq_ids", "list", list), F("count", "int", 0))))
+MIGRATE_ACK = _declare(M("MigrateAck", "The source will move up to `accepted` sequences (reported as moved when done).", (
+    F("job_id", "str"), F("accepted", "int"))))
+IMPORT_CHUNK = _declare(M("ImportChunk", "One chunk of a moving sequence's KV blob; re-sending a chunk is harmless.", (
+    F("transfer_id", "str"), F("index", "int")), blobs=("data",), required_blobs=("data",)))
+IMPORT_CHUNK_ACK = _declare(M("ImportChunkAck", "The chunk is held for the transfer.", (
+    F("transfer_id", "str"), F("index", "int"))))
+IMPORT_SEQUENCE = _declare(M("ImportSequence", "Take over a sequence ({seq_id, item, state}) whose KV came in `chunks` "
+                             "ImportChunks of this transfer (0: none); idempotent on the seq id.", (
+    F("transfer_id", "str"), F("job_id", "str"), F("program", "str"), F("args", "dict", dict),
+    F("sequence", "dict"), F("chunks", "int", 0), F("storage", "str", ""), F("report_to", "str", ""))))
+IMPORT_ACK = _declare(M("ImportAck", "The target holds the sequence now (the source may free it).", (
+    F("job_id", "str"), F("seq_id", "any"))))
+DRAIN = _declare(M("DrainWorker", "Stop admitting work, let the scheduler move what is held, then leave and exit.", (
+    F("epoch", "int"),)))
+DRAIN_NODE = _declare(M("DrainNode", "Ask the scheduler to drain a worker (from a client, through the router).", (
+    F("node_id", "str"),)))
+MIGRATE_REQUEST = _declare(M("MigrateRequest", "Ask the scheduler to move a job's sequences (all, or seq_ids) to a worker.", (
+    F("job_id", "str"), F("to_node", "str"), F("seq_ids", "list", list))))
+OPS_ACK = _declare(M("OpsAck", "What an ops request set in motion.", (F("detail", "dict", dict),)))
+
 # -- results: worker -> storage ------------------------------------------------------------
+WRITE_CHECKPOINTS = _declare(M("WriteCheckpoints", "Sequence states without KV ({id, state}) to restart from if their "
+                               "worker dies; storage keeps a state only if it is ahead of the one it has.", (
+    F("job_id", "str"), F("checkpoints", "list"))))
+CHECKPOINT_ACK = _declare(M("CheckpointAck", "The checkpoints are on disk (`kept` of them were new).", (
+    F("job_id", "str"), F("kept", "int"))))
 WRITE_RESULTS = _declare(M("WriteResults", "Result records to persist; first writer wins per item id.", (
     F("job_id", "str"), F("records", "list"))))
 WRITE_ACK = _declare(M("WriteAck", "Records are durable (after group commit).", (

@@ -48,9 +48,9 @@ def main() -> None:
         c = RpcClient(wk_addr)
         r = random.Random(0)
         params = SamplingParams(max_tokens=8, ignore_eos=True).to_dict()
-        seqs = [{"seq_id": i, "prompt_token_ids": [r.randrange(31999) for _ in range(1000)], "params": params}
+        seqs = [{"seq_id": i, "item": {"id": i, "prompt_token_ids": [r.randrange(31999) for _ in range(1000)]}}
                 for i in range(64)]
-        c.request("AssignSequences", {"epoch": 1, "job_id": "lat", "sequences": seqs})
+        c.request("AssignSequences", {"epoch": 1, "job_id": "lat", "sequences": seqs, "args": params})
         rtts = []
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:

@@ -1,5 +1,5 @@
-"""Reading `generate` job input: records `{"id", "prompt" | "prompt_token_ids", ["max_tokens"]}`
-from JSONL lines or Parquet rows.
+"""Reading job input: records `{"id", ...}` from JSONL lines or Parquet rows; for the
+`generate` program `{"id", "prompt" | "prompt_token_ids", ["max_tokens"]}`.
 
 Every problem is reported with its place (file and line, or upload and line) before
 any work starts. The same checks run in the CLI (on the user's file) and on the storage
@@ -38,12 +38,24 @@ class GenerateItem:
 
 
 class ItemChecker:
-    """Checks records one by one, remembering ids to refuse duplicates."""
+    """Checks records one by one, remembering ids to refuse duplicates. Items of the
+    `generate` program are checked field by field; those of other programs need an id
+    and, if they carry program arguments, an "args" object (the program reads the rest)."""
 
-    def __init__(self):
+    def __init__(self, program: str = "generate"):
+        self.program = program
         self.seen: dict = {}
 
-    def check(self, rec, where: str, place: int) -> GenerateItem:
+    def record(self, rec, where: str, place: int) -> dict:
+        """The item as it is stored for its job."""
+        if self.program == "generate":
+            return self.check(rec, where, place).to_record()
+        self._check_id(rec, where, place)
+        if not isinstance(rec.get("args", {}), dict):
+            raise InputError(f"{where}: args must be an object (the program's keyword arguments)")
+        return rec
+
+    def _check_id(self, rec, where: str, place: int) -> None:
         if not isinstance(rec, dict) or "id" not in rec:
             raise InputError(f"{where}: each line must be an object with an \"id\"")
         rid = rec["id"]
@@ -52,6 +64,10 @@ class ItemChecker:
         if rid in self.seen:
             raise InputError(f"{where}: duplicate id {rid!r} (first on line {self.seen[rid]})")
         self.seen[rid] = place
+
+    def check(self, rec, where: str, place: int) -> GenerateItem:
+        self._check_id(rec, where, place)
+        rid = rec["id"]
         prompt, ids = rec.get("prompt"), rec.get("prompt_token_ids")
         if (prompt is None) == (ids is None):
             raise InputError(f"{where}: give exactly one of \"prompt\" and \"prompt_token_ids\"")

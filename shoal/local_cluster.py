@@ -21,13 +21,16 @@ class LocalCluster:
     def __init__(self, model: str | Path, workers: int = 1, state_dir: str | Path | None = None,
                  cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
-                 curve_keys: str | Path | None = None):
+                 curve_keys: str | Path | None = None, host: str = "127.0.0.1"):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
-        `curve_keys` (a `shoal keys generate` directory) encrypts every connection."""
+        `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
+        etcd and every node listen on `host`."""
         self.model, self.workers, self.cluster, self.dtype, self.policy = str(model), workers, cluster, dtype, policy
         self.worker_threads, self.schedulers, self.env = worker_threads, schedulers, env
         self.worker_args = worker_args or []
+        self.host = host
+        self.prefixes: dict[str, list[str] | None] = {}
         if curve_keys:
             self.env = {**(self.env or {}), "SHOAL_CURVE_KEYS": str(curve_keys)}
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
@@ -36,10 +39,38 @@ class LocalCluster:
         self.etcd: EtcdServer | None = None
         self.router = ""
 
-    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> str:
-        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs", self.env if env is None else env)
+    def _spawn(self, name: str, args: list[str], env: dict | None = None, prefix: list[str] | None = None) -> str:
+        if not any(a.startswith("--bind") for a in args):
+            args = [*args, f"--bind=tcp://{self.host}:0"]
+        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs",
+                                   self.env if env is None else env, prefix)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
+        self.prefixes[name] = prefix
+        return address
+
+    def _worker_args(self, name: str) -> list[str]:
+        args = ["shoal.nodes.worker.worker_node", "--model", self.model, "--dtype", self.dtype,
+                "--policy", self.policy, "--node-id", name, "--etcd", self.etcd.endpoint,
+                "--cluster", self.cluster, *self.worker_args]
+        if self.worker_threads:
+            args += ["--threads", str(self.worker_threads)]
+        return args
+
+    def add_worker(self, name: str, host: str | None = None, prefix: list[str] | None = None,
+                   timeout: float = 120) -> str:
+        """Starts one more worker on the running cluster and waits until it registers;
+        `host` is the address it listens on, `prefix` wraps its command (`ip netns exec
+        NS` puts it on a network host of its own). Returns its address."""
+        from shoal.nodes.membership import MemberView
+
+        address = self._spawn(name, [*self._worker_args(name), f"--bind=tcp://{host or self.host}:0"], prefix=prefix)
+        view = MemberView(self.etcd.endpoint, self.cluster).start()
+        try:
+            if not view.wait_for(lambda m: name in m, timeout):
+                raise RuntimeError(f"{name} did not register within {timeout}s")
+        finally:
+            view.stop()
         return address
 
     def process(self, name: str) -> subprocess.Popen:
@@ -53,23 +84,19 @@ class LocalCluster:
             raise RuntimeError(f"{name} is still running")
         proc.wait()
         self.procs.remove(proc)
-        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={address}"], env)
+        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={address}"], env, self.prefixes[name])
         self.nodes[name] = (self.nodes[name][0], args, new)
         return new
 
     def start(self, timeout: float = 600) -> "LocalCluster":
         try:
-            self.etcd = EtcdServer(self.dir / "etcd").start()
+            self.etcd = EtcdServer(self.dir / "etcd", host=self.host).start()
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
             self._spawn("storage-0", ["shoal.nodes.storage", "--dir", str(self.dir / "storage"), "--node-id", "storage-0", *e])
             for i in range(self.schedulers):
                 self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e])
             for i in range(self.workers):
-                args = ["shoal.nodes.worker.worker_node", "--model", self.model, "--dtype", self.dtype,
-                        "--policy", self.policy, "--node-id", f"worker-{i}", *e, *self.worker_args]
-                if self.worker_threads:
-                    args += ["--threads", str(self.worker_threads)]
-                self._spawn(f"worker-{i}", args)
+                self._spawn(f"worker-{i}", self._worker_args(f"worker-{i}"))
             self.router = self._spawn("router-0", ["shoal.nodes.router", "--dir", str(self.dir / "router"),
                                                    "--node-id", "router-0", *e])
             from shoal.nodes.membership import MemberView

@@ -11,14 +11,15 @@ MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worke
 
 
 def spawn_node(role: str, name: str, args: list[str], log_dir: Path,
-               env: dict | None = None) -> tuple[subprocess.Popen, str]:
+               env: dict | None = None, prefix: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its
     log in log_dir/NAME.log and `env` added to this environment; returns the process
-    and the address it serves on."""
+    and the address it serves on. `prefix` wraps the command (e.g. `ip netns exec NS`
+    to run the node on a host of its own)."""
     import os
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", MODULES[role], *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", MODULES[role], *args], stdout=subprocess.PIPE,
                             stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True,
                             env={**os.environ, **env} if env else None)
     line = proc.stdout.readline().strip()

@@ -48,3 +48,19 @@ def compare_outputs(a: Sequence[int], b: Sequence[int], margins: Sequence[Sequen
     gap = lowest[diverged] if lowest else float("nan")
     return Comparison(False, diverged, None,
                       f"differ at token {diverged} ({a[diverged:diverged + 3]} vs {b[diverged:diverged + 3]}) with no near-tie before it (gap there {gap:.2e}, tol {tol})")
+
+
+def compare_generations(a: Sequence[dict], b: Sequence[dict], tol: float = FP32_TOL) -> Comparison:
+    """Two runs of a program, by its Generate results in order (dicts with token_ids
+    and margins): the same while each pair is identical; a pair that parts after a
+    near-tie is the same output, and what follows it (built from different text) is
+    not compared."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        cmp = compare_outputs(x["token_ids"], y["token_ids"], [x.get("margins", ()), y.get("margins", ())], tol)
+        if not cmp:
+            return Comparison(False, cmp.diverged_at, None, f"generation {i}: {cmp.detail}")
+        if cmp.diverged_at is not None:
+            return Comparison(True, cmp.diverged_at, cmp.near_tie_at, f"generation {i}: {cmp.detail}")
+    if len(a) != len(b):
+        return Comparison(False, None, None, f"{len(a)} generations vs {len(b)} with identical tokens before")
+    return Comparison(True, None, None, "identical")

@@ -1,8 +1,10 @@
-"""The worker node: the engine on a compute thread, sockets on the IO thread.
+"""The worker node: the coroutine runtime and its engine on a compute thread, sockets
+on the IO thread.
 
 The IO thread (the node loop) answers Hello, Ping, StatsQuery and AssignSequences at
 once, whatever the model is doing: assignments go into an inbox the compute thread
-drains between steps. Finished sequences go to a result-writer thread that sends them
+drains between steps, where each sequence starts as a program coroutine
+(`program_runner.py`). Finished sequences go to a result-writer thread that sends them
 to storage and retries until storage acknowledges them (at-least-once; storage keeps
 the first copy), so a result is never dropped between the engine and the disk.
 """
@@ -20,7 +22,8 @@ from shoal.nodes.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
-from shoal.sampling import RequestError, SamplingParams
+
+from shoal.nodes.worker.program_runner import ProgramRunner
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,8 @@ WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 class WorkerNode(Node):
     role = "worker"
 
-    def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0, **kw):
+    def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
+                 checkpoint_tokens: int = 256, **kw):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
@@ -39,7 +43,8 @@ class WorkerNode(Node):
         self._holding_lock = threading.Lock()  # the IO and result-writer threads share it
         self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
         self.inbox: queue.Queue = queue.Queue()
-        self.results: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()  # (job_id, record, tokens) to store
+        self.checkpoints: queue.Queue = queue.Queue()  # (job_id, {"id", "state"}) to store
         self.step_times: list[float] = []
         self._engine_snapshot: dict = {}
         cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
@@ -51,6 +56,7 @@ class WorkerNode(Node):
         plan = fault_plan()
         self._stall_after = plan.stall_after_steps if plan is not None else None
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
+        self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
         if self.registration is not None:
             self.registration.on_rejoin = self._let_go
         self._compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
@@ -96,7 +102,7 @@ class WorkerNode(Node):
         if not job["storage"]:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "no storage node for this job: start with --storage or assign with storage")
         if seqs:
-            self.inbox.put((msg["job_id"], seqs))
+            self.inbox.put((msg["job_id"], msg["program"], msg["args"], seqs))
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
 
@@ -106,22 +112,21 @@ class WorkerNode(Node):
 
     # -- compute thread --------------------------------------------------------------------
 
-    def _admit(self, job_id: str, seqs: list[dict]) -> None:
+    def _admit(self, job_id: str, program: str, args: dict, seqs: list[dict]) -> None:
         for s in seqs:
-            sid = s["seq_id"]
-            try:
-                params = SamplingParams.from_dict(s.get("params", {}))
-                self.engine.add_request((job_id, sid), prompt=s.get("prompt"),
-                                        prompt_token_ids=s.get("prompt_token_ids"), params=params)
-            except (RequestError, TypeError, ValueError) as e:
-                # Refused input is a result too: the job records the error, nothing is lost.
-                self.results.put((job_id, {"id": sid, "error": str(e), "finish_reason": "error"}))
+            item = s.get("item")
+            if item is None:  # a protocol 1.2 scheduler sends the generate program's fields
+                program, args = "generate", s.get("params", {})
+                item = {"prompt": s.get("prompt"), "prompt_token_ids": s.get("prompt_token_ids")}
+            # Refused input is a result too: the job records the error, nothing is lost.
+            for done in self.runner.admit(job_id, program, args, {**item, "id": s["seq_id"]}, s.get("state")):
+                self.results.put(done)
                 self.counters["sequences.refused"] += 1
 
     def _drain_inbox(self) -> None:
         """Admits every waiting assignment; waits briefly for one when the engine is idle."""
         try:
-            item = self.inbox.get(timeout=0.1) if not self.engine.has_unfinished() else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=0.1) if not self.runner.has_work() else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -140,22 +145,21 @@ class WorkerNode(Node):
             if self._stall_after is not None and steps >= self._stall_after:
                 time.sleep(3600)  # injected fault: a wedged step loop (the watchdog must notice)
             self._drain_inbox()
-            if not self.engine.has_unfinished():
+            if not self.runner.has_work():
                 continue
             t = time.perf_counter()
             try:
-                finished = self.engine.step()
+                finished = self.runner.step()
             except Exception:  # an engine bug must not silently stop the worker
                 self.counters["errors.step"] += 1
                 log.exception("[step] engine step failed")
                 time.sleep(0.5)
                 continue
-            for out in finished:
-                job_id, sid = out.seq_id
-                rec = {"id": sid, "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason}
-                if out.margins:
-                    rec["margins"] = out.margins
-                self.results.put((job_id, rec))
+            for done in finished:
+                self.results.put(done)
+            for ckpt in self.runner.checkpoints:
+                self.checkpoints.put(ckpt)
+            self.runner.checkpoints.clear()
             steps += 1
             self.step_times.append(time.perf_counter() - t)
             self._engine_snapshot = {"engine": self.engine.stats_snapshot()}
@@ -173,12 +177,10 @@ class WorkerNode(Node):
             log.error("[rejoin] the compute thread did not drop its work within 60 s")
 
     def _drop_everything(self) -> None:
-        dropped = len(self.engine.seqs)
-        for key in list(self.engine.seqs):
-            self.engine.abort(key)
+        dropped = self.runner.drop_all()
         while True:
             try:
-                dropped += len(self.inbox.get_nowait()[1])
+                dropped += len(self.inbox.get_nowait()[-1])
             except queue.Empty:
                 break
         with self._holding_lock:
@@ -194,7 +196,7 @@ class WorkerNode(Node):
         because its keep-alive thread still runs. Its work is placed elsewhere."""
         while not self._stop.wait(1.0):
             stalled = time.monotonic() - self.last_progress
-            if stalled > self.stall_timeout and self.engine.has_unfinished():
+            if stalled > self.stall_timeout and self.runner.has_work():
                 log.error("[watchdog] no step for %.0f s with work held: revoking the lease and stopping", stalled)
                 self.counters["watchdog.stalls"] += 1
                 if self.registration is not None:
@@ -228,24 +230,45 @@ class WorkerNode(Node):
                 backoff = min(backoff * 2, 2.0)
         return False
 
+    @staticmethod
+    def _take(q: queue.Queue, timeout: float) -> list:
+        """Up to WRITE_BATCH entries: waits up to `timeout` for the first."""
+        try:
+            batch = [q.get(timeout=timeout) if timeout else q.get_nowait()]
+        except queue.Empty:
+            return []
+        while len(batch) < WRITE_BATCH:
+            try:
+                batch.append(q.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _write_checkpoints(self, clients: dict, batch: list) -> None:
+        by_job: dict[str, dict] = {}
+        for job_id, entry in batch:  # the newest checkpoint of a sequence replaces older ones
+            by_job.setdefault(job_id, {})[repr(entry["id"])] = entry
+        for job_id, entries in by_job.items():
+            job = self.jobs.get(job_id, {})
+            self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteCheckpoints",
+                          {"job_id": job_id, "checkpoints": list(entries.values())},
+                          f"{len(entries)} checkpoints of {job_id}")
+
     def _write_loop(self) -> None:
         clients: dict[str, RpcClient] = {}
         while not self._stop.is_set():
-            try:
-                first = self.results.get(timeout=0.1)
-            except queue.Empty:
+            ckpts = self._take(self.checkpoints, 0)
+            if ckpts:
+                self._write_checkpoints(clients, ckpts)
+            batch = self._take(self.results, 0.1)
+            if not batch:
                 continue
-            batch = [first]
-            while len(batch) < WRITE_BATCH:
-                try:
-                    batch.append(self.results.get_nowait())
-                except queue.Empty:
-                    break
             by_job: dict[str, list] = {}
-            for job_id, rec in batch:
-                by_job.setdefault(job_id, []).append(rec)
-            for job_id, records in by_job.items():
+            for job_id, rec, tokens in batch:
+                by_job.setdefault(job_id, []).append((rec, tokens))
+            for job_id, entries in by_job.items():
                 job = self.jobs.get(job_id, {})
+                records = [rec for rec, _ in entries]
                 self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteResults",
                               {"job_id": job_id, "records": records}, f"{len(records)} results of {job_id}")
                 self.counters["results.written"] += len(records)
@@ -257,12 +280,12 @@ class WorkerNode(Node):
                     self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
                                   {"node_id": self.node_id, "job_id": job_id, "finished": [r["id"] for r in records],
                                    "failed": [r["id"] for r in records if r.get("finish_reason") == "error"],
-                                   "tokens": sum(len(r.get("token_ids", ())) for r in records),
+                                   "tokens": sum(t for _, t in entries),
                                    "stats": {"held": self.held()}}, f"progress of {job_id}")
 
     def held(self) -> int:
         """Sequences this worker holds: queued in the inbox or in the engine."""
-        return sum(len(seqs) for _, seqs in list(self.inbox.queue)) + len(self.engine.seqs)
+        return sum(len(item[-1]) for item in list(self.inbox.queue)) + len(self.runner)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
+    ap.add_argument("--checkpoint-tokens", type=int, default=256,
+                    help="record a sequence's state with storage every N generated tokens (and after every "
+                         "operation), so that a dead worker's sequences restart from there; 0: between operations only")
     ap.add_argument("--stall-timeout", type=float, default=300.0,
                     help="seconds without a step, while holding work, before the worker revokes its lease and exits")
     args = ap.parse_args(argv)
@@ -282,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                 max_num_batched_tokens=args.budget))
-    node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, bind=args.bind, etcd=args.etcd,
+    node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout,
+                      checkpoint_tokens=args.checkpoint_tokens, bind=args.bind, etcd=args.etcd,
                       cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
 

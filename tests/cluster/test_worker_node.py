@@ -44,11 +44,15 @@ def test_assigned_sequences_land_in_storage_with_engine_outputs(worker, tiny_mod
     c = RpcClient(wk_addr)
     engine_fp = LLMEngine(tiny_model, EngineConfig(policy="mb")).fingerprint
     assert c.request("Hello", {"role": "client", "node_id": "t", "model": engine_fp})["node_id"] == "w-1"
-    seqs = [{"seq_id": i, "prompt_token_ids": p, "params": params.to_dict()} for i, p in enumerate(prompts)]
-    seqs.append({"seq_id": "bad", "prompt_token_ids": [], "params": params.to_dict()})
-    ack = c.request("AssignSequences", {"epoch": 1, "job_id": "job1", "sequences": seqs[:12]})
+    seqs = [{"seq_id": i, "item": {"id": i, "prompt_token_ids": p}} for i, p in enumerate(prompts)]
+    seqs.append({"seq_id": "bad", "item": {"id": "bad", "prompt_token_ids": []}})
+    assign = {"epoch": 1, "job_id": "job1", "program": "generate", "args": params.to_dict()}
+    ack = c.request("AssignSequences", {**assign, "sequences": seqs[:12]})
     assert ack["accepted"] == 12
-    c.request("AssignSequences", {"epoch": 1, "job_id": "job1", "sequences": seqs[12:]})
+    # A protocol 1.2 scheduler's assignment (the generate program's fields inline) runs too.
+    legacy = [{"seq_id": s["seq_id"], "prompt_token_ids": s["item"]["prompt_token_ids"], "params": params.to_dict()}
+              for s in seqs[12:]]
+    c.request("AssignSequences", {"epoch": 1, "job_id": "job1", "sequences": legacy})
     # Control messages are answered while the engine works.
     rtts = []
     store = RpcClient(st_addr)

@@ -51,13 +51,27 @@ def test_scheduler_leader_killed_standby_takes_over(tiny_model, tmp_path):
     check_whole(tiny_model, items, results)
 
 
-def test_worker_killed_mid_job(tiny_model, tmp_path):
+def test_worker_killed_mid_job_restarts_from_checkpoints(tiny_model, tmp_path):
+    """The worker records each sequence's state every 8 tokens; when it is killed
+    mid-generation, a worker started after it continues its sequences from there, not
+    from scratch."""
+    import time
+
     items = workload()
-    with cluster(tiny_model, tmp_path, workers=2) as c:
+    with cluster(tiny_model, tmp_path, workers=1, worker_args=[*WORKER_ARGS, "--checkpoint-tokens", "8"]) as c:
         job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
-        assert wait_for_progress(job, 3) < len(items)
+        storage = RpcClient(c.nodes["storage-0"][2])
+        end = time.monotonic() + 60
+        while not any(storage.request("ReadInput", {"job_id": job.id, "offset": 0, "limit": 100,
+                                                    "pending_only": True})["checkpoints"]):
+            assert time.monotonic() < end, "no checkpoint of an unfinished sequence reached storage"
+            time.sleep(0.05)
         kill(c, "worker-0")
+        assert job.status()["done"] < len(items)
+        c.add_worker("worker-1")
         results = job.wait(timeout=240)
+        survivor = RpcClient(c.nodes["worker-1"][2]).request("StatsQuery")["stats"]["counters"]
+    assert survivor.get("sequences.resumed", 0) > 0 and survivor.get("tokens.restored", 0) > 0, survivor
     check_whole(tiny_model, items, results)
 
 

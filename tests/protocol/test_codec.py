@@ -98,8 +98,11 @@ def test_oversized_messages_are_refused():
 
 
 def test_newer_minor_version_fields_are_ignored():
-    msg = decode([header(v=[1, 3], f={"sent_at": 2.0, "added_in_1_3": [1]})])
-    assert msg.fields == {"sent_at": 2.0} and msg.version == (1, 3)
+    from shoal.protocol.version import PROTOCOL_MAJOR, PROTOCOL_MINOR
+
+    newer = [PROTOCOL_MAJOR, PROTOCOL_MINOR + 1]
+    msg = decode([header(v=newer, f={"sent_at": 2.0, "added_in_a_newer_minor": [1]})])
+    assert msg.fields == {"sent_at": 2.0} and msg.version == tuple(newer)
 
 
 def test_sender_bugs_are_caught_on_encode():

@@ -1,0 +1,252 @@
+"""The worker's coroutine runtime: every resident sequence is a program coroutine waiting
+on one operation, and each operation goes to the executor of its kind.
+
+Generate operations go to the engine, which batches them across all sequences; a
+finished one resumes its coroutine, which yields its next operation or returns. Embed
+and Retrieve travel the same path to executors of their own; a worker without one
+fails the sequence with an error that says what is missing. The runtime lives on the
+compute thread: nothing here is shared with the IO thread.
+
+Checkpoints: after each completed operation of a program that goes on, and every
+`checkpoint_tokens` tokens inside a Generate, the runner emits the sequence's state
+without KV (program, version, journal, current operation, tokens generated so far in
+it, model fingerprint). A sequence admitted with such a state replays its journal and
+continues the current operation from its tokens (re-prefilling them), so a worker's
+death costs only what was generated since.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from collections import Counter
+
+from shoal.coroutine import Finished, SequenceCoroutine
+from shoal.program import Generate, GenerateResult, ProgramError, ProgramSpec, resolve_program
+from shoal.protocol.sequence_state import SequenceState, StateError
+from shoal.sampling import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class MissingExecutor:
+    """Stands where a kind of operation has no executor on this worker yet."""
+
+    def __init__(self, kind: str, reason: str):
+        self.kind, self.reason = kind, reason
+        self._failed: list = []
+
+    def submit(self, key, op) -> None:
+        self._failed.append((key, ProgramError(f"sequence {key[1]!r}: this worker cannot run {self.kind} "
+                                               f"operations: {self.reason}")))
+
+    def poll(self) -> list:
+        out, self._failed = self._failed, []
+        return out
+
+    def abort(self, key) -> None:
+        self._failed = [(k, e) for k, e in self._failed if k != key]
+
+
+def _record(sid, value) -> dict:
+    """The item's result: a dict the program returned is the record (with the item's id)."""
+    return {**value, "id": sid} if isinstance(value, dict) else {"id": sid, "output": value}
+
+
+def error_record(sid, message: str) -> dict:
+    return {"id": sid, "error": message, "finish_reason": "error"}
+
+
+class ProgramRunner:
+    def __init__(self, engine, executors: dict | None = None, checkpoint_tokens: int = 0,
+                 counters: Counter | None = None):
+        self.engine = engine
+        self.checkpoint_tokens = checkpoint_tokens  # 0: only between operations
+        self.counters = counters if counters is not None else Counter()
+        self.checkpoints: list[tuple[str, dict]] = []  # (job_id, {"id", "state"}) to send to storage
+        self._marks: dict[tuple, int] = {}  # tokens of the current Generate at its last checkpoint
+        self.executors = executors or {
+            "embed": MissingExecutor("Embed", "it hosts no encoder"),
+            "retrieve": MissingExecutor("Retrieve", "no index is reachable from it"),
+        }
+        self.coros: dict[tuple, SequenceCoroutine] = {}  # (job_id, seq_id) -> coroutine
+        self.tokens: dict[tuple, int] = {}  # tokens generated so far, all operations
+
+    def __len__(self) -> int:
+        return len(self.coros)
+
+    def has_work(self) -> bool:
+        return bool(self.coros)
+
+    def admit(self, job_id: str, program: str, args: dict, item: dict, state: dict | None = None,
+              kv: bytes | None = None) -> list:
+        """Starts a sequence, or restarts it from a checkpoint or migrated `state` (with
+        the KV blob of its current Generate, if shipped); returns the records of
+        sequences already finished (a program that failed to start, a checkpoint that
+        cannot be used)."""
+        sid = item.get("id")
+        key = (job_id, sid)
+        try:
+            spec = resolve_program(program)
+            journal, generated = self._check_state(sid, spec, state) if state is not None else ([], None)
+            args = {**args, **(item.get("args") or {})}
+            co = SequenceCoroutine(spec, item, args, sid)
+            out = co.start(journal, state.get("current") if state else None)
+        except (ProgramError, RequestError) as e:
+            return [(job_id, error_record(sid, str(e)), 0)]
+        self.coros[key] = co
+        self.tokens[key] = sum(len(e["result"].get("token_ids", ())) for e in journal
+                               if e["op"]["op"] == "generate")
+        if state is not None:
+            self.counters["sequences.resumed"] += 1
+            self.counters["tokens.restored"] += self.tokens[key]
+        if generated is not None and isinstance(out, Generate):
+            return self._continue_generate(key, out, generated, kv, int(state.get("kv_tokens") or 0) if kv else 0)
+        return self._dispatch(key, out)
+
+    def _check_state(self, sid, spec: ProgramSpec, state: dict) -> tuple[list, dict | None]:
+        """The journal and in-operation progress of a checkpoint that this worker can
+        continue; a ProgramError naming the sequence if it cannot."""
+        where = f"sequence {sid!r}: checkpoint"
+        if not isinstance(state, dict) or not isinstance(state.get("journal"), list):
+            raise ProgramError(f"{where} is truncated or malformed (no journal)")
+        if state.get("program") != spec.name or state.get("version") != spec.version:
+            raise ProgramError(f"{where} was recorded by program {state.get('program')!r} version "
+                               f"{state.get('version')!r}; this job runs {spec.name!r} version {spec.version!r}")
+        if state.get("fingerprint") != self.engine.fingerprint:
+            raise ProgramError(f"{where} is from model {state.get('fingerprint')!r}; this worker runs "
+                               f"{self.engine.fingerprint!r}")
+        if any(not isinstance(e, dict) or "op" not in e or "result" not in e for e in state["journal"]):
+            raise ProgramError(f"{where} is truncated or malformed (a journal entry lacks its op or result)")
+        generated = state.get("generated")
+        if generated is not None:
+            ids = generated.get("output_token_ids") if isinstance(generated, dict) else None
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                raise ProgramError(f"{where} is truncated or malformed (generated tokens)")
+        return state["journal"], generated
+
+    def _continue_generate(self, key: tuple, op: Generate, generated: dict, kv: bytes | None = None,
+                           kv_tokens: int = 0) -> list:
+        """Continues a Generate from the tokens it had, on their shipped KV or, without
+        it, by prefilling them again."""
+        co = self.coros[key]
+        try:
+            ids = op.prompt_token_ids if op.prompt_token_ids is not None else self.engine.tokenizer.encode(op.prompt)
+            self.engine.import_sequence(SequenceState(
+                seq_id=key, prompt_token_ids=list(ids), output_token_ids=list(generated["output_token_ids"]),
+                params=op.params.to_dict(), op_index=co.op_index, num_computed=kv_tokens,
+                model_fingerprint=self.engine.fingerprint, margins=list(generated.get("margins", ())), kv=kv))
+        except (RequestError, StateError) as e:
+            return self._fail(key, str(e))
+        n = len(generated["output_token_ids"])
+        self._marks[key] = n
+        self.tokens[key] += n
+        self.counters["tokens.restored"] += n
+        return []
+
+    def _dispatch(self, key: tuple, out) -> list:
+        """Sends the next operation to its executor, or emits the finished record."""
+        job_id, sid = key
+        self._marks.pop(key, None)
+        if isinstance(out, Finished):
+            self.coros.pop(key)
+            return [(job_id, _record(sid, out.value), self.tokens.pop(key, 0))]
+        if isinstance(out, Generate):
+            try:
+                self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=out.prompt_token_ids,
+                                        params=out.params, op_index=self.coros[key].op_index)
+            except RequestError as e:
+                return self._fail(key, str(e))
+            return []
+        self.executors[out.kind].submit(key, out)
+        return []
+
+    def _fail(self, key: tuple, message: str) -> list:
+        self.coros.pop(key, None)
+        self.tokens.pop(key, None)
+        self._marks.pop(key, None)
+        return [(key[0], error_record(key[1], message), 0)]
+
+    def _resume(self, key: tuple, result) -> list:
+        co = self.coros.get(key)
+        if co is None:  # aborted while its operation ran
+            return []
+        try:
+            out = co.advance(result)
+        except ProgramError as e:
+            return self._fail(key, str(e))
+        if not isinstance(out, Finished):
+            self._checkpoint(key)
+        return self._dispatch(key, out)
+
+    def _checkpoint(self, key: tuple, generated: dict | None = None) -> None:
+        co = self.coros[key]
+        state = {"program": co.spec.name, "version": co.spec.version, "journal": list(co.journal),
+                 "current": co.current, "generated": generated, "fingerprint": self.engine.fingerprint}
+        self.checkpoints.append((key[0], {"id": key[1], "state": state}))
+        self.counters["checkpoints"] += 1
+
+    def _checkpoint_long_generations(self) -> None:
+        for key, seq in self.engine.seqs.items():
+            n = len(seq.output_token_ids)
+            if n - self._marks.get(key, 0) >= self.checkpoint_tokens and key in self.coros:
+                self._marks[key] = n
+                self._checkpoint(key, {"output_token_ids": list(seq.output_token_ids), "margins": list(seq.margins)})
+
+    def step(self) -> list:
+        """One engine step, then whatever other executors finished. Returns
+        (job_id, record, tokens) for every sequence whose program ended."""
+        done = []
+        if self.engine.has_unfinished():
+            for o in self.engine.step():
+                self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
+                done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins))
+            if self.checkpoint_tokens:
+                self._checkpoint_long_generations()
+        for ex in self.executors.values():
+            for key, result in ex.poll():
+                done += self._fail(key, str(result)) if isinstance(result, Exception) else self._resume(key, result)
+        return done
+
+    def export(self, key: tuple, with_kv: bool = True) -> tuple[dict, bytes | None]:
+        """Suspends a sequence and takes it out of this runtime: its state (as a
+        checkpoint, plus `kv_tokens`) and, mid-Generate, its KV blob in the canonical
+        layout. Its Generate's tokens so far travel in the state; an Embed or Retrieve it
+        waited on is asked again where it lands."""
+        co = self.coros[key]
+        state = {"program": co.spec.name, "version": co.spec.version, "journal": list(co.journal),
+                 "current": co.current, "generated": None, "fingerprint": self.engine.fingerprint, "kv_tokens": 0}
+        kv = None
+        if key in self.engine.seqs:
+            st = self.engine.export_sequence(key, remove=True)
+            state["generated"] = {"output_token_ids": st.output_token_ids, "margins": st.margins}
+            if with_kv and st.kv is not None:
+                kv, state["kv_tokens"] = st.kv, st.num_computed
+        self.abort(key)
+        return state, kv
+
+    def abort(self, key: tuple) -> None:
+        self.coros.pop(key, None)
+        self.tokens.pop(key, None)
+        self._marks.pop(key, None)
+        self.engine.abort(key)
+        for ex in self.executors.values():
+            ex.abort(key)
+
+    def drop_all(self) -> int:
+        n = len(self.coros)
+        for key in list(self.coros):
+            self.abort(key)
+        return n
+
+    def run(self, job_id: str, program: str, items: list[dict], args: dict | None = None) -> list[dict]:
+        """Runs a program over items in this process, to the end: the records in item
+        order. What a cluster job must equal."""
+        out = {}
+        for item in items:
+            for _, rec, _ in self.admit(job_id, program, args or {}, item):
+                out[rec["id"]] = rec
+        while self.has_work():
+            for _, rec, _ in self.step():
+                out[rec["id"]] = rec
+        return [out[it["id"]] for it in items]

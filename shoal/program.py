@@ -1,0 +1,183 @@
+"""Programs: what a job runs on each of its items (DESIGN.md, "Sequence coroutines").
+
+A program is a generator function that yields operations and receives their results:
+
+    @program("two_step")
+    def two_step(item, max_tokens=16):
+        first = yield Generate(prompt=item["prompt"], max_tokens=max_tokens)
+        second = yield Generate(prompt=item["prompt"] + first.text, max_tokens=max_tokens)
+        return {"first": first.text, "second": second.text}
+
+It is called as `fn(item, **args)`, args being the job's arguments updated by the item's
+own `args`. Its return value is the item's result (a dict is merged into the record).
+A job names its program by registered name (`generate`) or import path
+(`package.module:function`), which must import on every worker. Programs must be
+deterministic functions of their operation results: a moved sequence is resumed by
+running the program again over the results it already had.
+
+No torch here: the SDK and the scheduler use these types too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from shoal.sampling import RequestError, SamplingParams
+
+
+class ProgramError(RuntimeError):
+    """A program that cannot be found, imported or run; the message names it."""
+
+
+# -- operations ------------------------------------------------------------------------------
+
+
+class Generate:
+    """Generate tokens from a text or token prompt; the sampling parameters are those of
+    `SamplingParams` (max_tokens, stop, temperature, top_p, top_k, seed, ...)."""
+
+    kind = "generate"
+
+    def __init__(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None, **params):
+        if (prompt is None) == (prompt_token_ids is None):
+            raise RequestError("Generate needs a prompt or prompt_token_ids (one of them)")
+        unknown = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
+        if unknown:
+            raise RequestError(f"Generate: unknown sampling parameter(s) {', '.join(unknown)}")
+        self.prompt = prompt
+        self.prompt_token_ids = None if prompt_token_ids is None else list(prompt_token_ids)
+        self.params = SamplingParams(**params)
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
+                "params": self.params.to_dict()}
+
+
+@dataclass(frozen=True)
+class Embed:
+    """Embed texts with the worker's encoder; the result is one vector per text."""
+
+    texts: tuple[str, ...]
+    kind = "embed"
+
+    def __post_init__(self):
+        if isinstance(self.texts, str):
+            raise RequestError("Embed takes a list of texts, not one string")
+        object.__setattr__(self, "texts", tuple(self.texts))
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "texts": list(self.texts)}
+
+
+@dataclass(frozen=True)
+class Retrieve:
+    """Top-k passages of an index for a query text (or vector)."""
+
+    query: str | tuple[float, ...]
+    k: int = 4
+    index: str = "default"
+    kind = "retrieve"
+
+    def to_dict(self) -> dict:
+        q = self.query if isinstance(self.query, str) else list(self.query)
+        return {"op": self.kind, "query": q, "k": self.k, "index": self.index}
+
+
+Operation = Generate | Embed | Retrieve
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    margins: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
+        if self.margins:
+            d["margins"] = self.margins
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GenerateResult":
+        return cls(d["text"], list(d["token_ids"]), d["finish_reason"], list(d.get("margins", ())))
+
+
+def result_from_dict(kind: str, d):
+    """An operation's result as the program receives it, from its journal form."""
+    return GenerateResult.from_dict(d) if kind == "generate" else d
+
+
+def result_to_dict(result):
+    return result.to_dict() if isinstance(result, GenerateResult) else result
+
+
+# -- programs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    name: str
+    fn: Callable
+    version: str = "1"
+
+
+_REGISTRY: dict[str, ProgramSpec] = {}
+
+
+def program(name: str, version: str = "1"):
+    """Registers a generator function as a program under `name`. Bump `version` when
+    its operations change: state recorded by another version is not resumed by it."""
+
+    def register(fn: Callable) -> Callable:
+        fn.shoal_program = ProgramSpec(name, fn, version)
+        _REGISTRY[name] = fn.shoal_program
+        return fn
+
+    return register
+
+
+def check_program_name(name: str) -> None:
+    """What a node that does not run programs can check of a job's program: a built-in
+    name, or the form package.module:function (whether it imports, the workers say)."""
+    module, _, attr = name.partition(":")
+    if name in _REGISTRY:
+        return
+    if not (module and attr.isidentifier() and all(p.isidentifier() for p in module.split("."))):
+        raise ProgramError(f"unknown program {name!r}: built-in programs are {sorted(_REGISTRY)}; "
+                           "give a user program as package.module:function")
+
+
+def resolve_program(name: str) -> ProgramSpec:
+    """The program a job names: a registered name or `package.module:function`."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    check_program_name(name)
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # a broken user module must fail its job, never the worker
+        raise ProgramError(f"program {name!r} does not import: {type(e).__name__}: {e}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ProgramError(f"program {name!r}: module {module_name!r} has no {attr!r}")
+    spec = getattr(fn, "shoal_program", None)
+    if spec is None:
+        if not callable(fn):
+            raise ProgramError(f"program {name!r} is not a function")
+        spec = ProgramSpec(name, fn)
+    return spec
+
+
+@program("generate")
+def generate(item: dict, **params):
+    """One Generate per item: the item's prompt (text or token ids) with the job's
+    sampling parameters; an item may set its own max_tokens."""
+    if item.get("max_tokens"):
+        params = {**params, "max_tokens": item["max_tokens"]}
+    ids = item.get("prompt_token_ids")
+    out = yield (Generate(prompt_token_ids=ids, **params) if ids is not None else Generate(prompt=item.get("prompt"), **params))
+    return out.to_dict()
