@@ -53,7 +53,7 @@ class RouterNode(AsyncNode):
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
                 "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel,
-                "UploadChunk": self.on_upload_chunk}
+                "UploadChunk": self.on_upload_chunk, "DrainNode": self.on_ops, "MigrateRequest": self.on_ops}
 
     def _client(self, address: str) -> AsyncRpcClient:
         if address not in self.clients:
@@ -114,6 +114,10 @@ class RouterNode(AsyncNode):
         fields = dict(status.fields)
         fields["done"], fields["failed"] = counts["records"], counts["failed"]
         return fields
+
+    async def on_ops(self, msg: Message):
+        """Draining a worker and moving sequences are the scheduler's to carry out."""
+        return encode("OpsAck", (await self._forward(await self._scheduler(), msg)).fields, reply_to=msg.id)
 
     async def on_cancel(self, msg: Message):
         return encode("JobStatus", (await self._forward(await self._scheduler(), msg)).fields, reply_to=msg.id)

@@ -32,6 +32,7 @@ from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
+from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def job_id_for(job_key: str) -> str:
 class SchedulerNode(Node):
     role = "scheduler"
 
-    def __init__(self, node_id: str, etcd: str, cluster: str = "default", **kw):
+    def __init__(self, node_id: str, etcd: str, cluster: str = "default", steal: bool = True, **kw):
         super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
         self.election = Election(etcd, cluster, node_id)
         self.view = MemberView(etcd, cluster).start()
@@ -101,6 +102,9 @@ class SchedulerNode(Node):
         self.held: dict[str, int] = {}  # worker -> sequences it holds (last report)
         self.incarnations: dict[str, object] = {}  # worker -> the lease it registered under
         self.clients: dict[str, RpcClient] = {}
+        self.steal = steal
+        self.draining: set[str] = set()  # workers being emptied; they get no new work
+        self.moving: dict[str, float] = {}  # worker -> deadline of a move it is part of
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
 
     def _campaign(self) -> None:
@@ -125,7 +129,8 @@ class SchedulerNode(Node):
 
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "ProgressReport": self.on_progress,
-                "JobStatusQuery": self.on_status, "CancelJob": self.on_cancel}
+                "JobStatusQuery": self.on_status, "CancelJob": self.on_cancel,
+                "DrainNode": self.on_drain, "MigrateRequest": self.on_migrate_request}
 
     def _leader(self) -> int:
         if not self.election.is_leader():
@@ -208,6 +213,11 @@ class SchedulerNode(Node):
             job.done += new
             if new:  # a re-sent report adds nothing
                 job.tokens += msg["tokens"]
+            for sid, node in msg["moved"]:
+                if job.placed.get(sid) == msg["node_id"]:  # not finished meanwhile
+                    job.placed[sid] = node
+            if msg["moved"]:
+                self.moving.pop(msg["node_id"], None)
         return encode("ProgressAck", {"epoch": epoch}, reply_to=msg.id)
 
     def on_status(self, msg: Message):
@@ -228,6 +238,86 @@ class SchedulerNode(Node):
         job.pending.clear()
         job.pending_ids.clear()
         return encode("JobStatus", job.status(), reply_to=msg.id)
+
+    def on_drain(self, msg: Message):
+        """Stop placing work on a worker, move what it holds to the others (a little
+        every tick, as they have room); the worker leaves when it holds nothing."""
+        epoch = self._leader()
+        wid = msg["node_id"]
+        worker = self.view.snapshot("worker").get(wid)
+        if worker is None:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {wid!r} in the cluster")
+        self._call(worker.info["address"], "DrainWorker", {"epoch": epoch})
+        self.draining.add(wid)
+        held = sum(1 for job in self.jobs.values() for w in job.placed.values() if w == wid)
+        log.info("[drain] %s: draining, %d sequences to move", wid, held)
+        return encode("OpsAck", {"detail": {"node_id": wid, "held": held}}, reply_to=msg.id)
+
+    def on_migrate_request(self, msg: Message):
+        """Moves a job's sequences (all, or the listed ones) to one worker."""
+        epoch = self._leader()
+        job = self.jobs.get(msg["job_id"])
+        if job is None:
+            raise ProtocolError("unknown_job", f"no job {msg['job_id']}")
+        workers = self.view.snapshot("worker")
+        target = workers.get(msg["to_node"])
+        if target is None:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {msg['to_node']!r} in the cluster")
+        wanted = set(msg["seq_ids"]) if msg["seq_ids"] else None
+        by_source: dict[str, list] = {}
+        for sid, wid in job.placed.items():
+            if wid != msg["to_node"] and (wanted is None or sid in wanted) and wid in workers:
+                by_source.setdefault(wid, []).append(sid)
+        for wid, sids in by_source.items():
+            self._call(workers[wid].info["address"], "MigrateSequences",
+                       {"epoch": epoch, "job_id": job.job_id, "to_node": msg["to_node"],
+                        "to_address": target.info["address"], "seq_ids": sids})
+        return encode("OpsAck", {"detail": {"moving": sum(map(len, by_source.values())),
+                                            "from": {w: len(s) for w, s in by_source.items()}}}, reply_to=msg.id)
+
+    def _held_by_worker(self) -> dict[str, dict[str, int]]:
+        """worker -> job -> sequences placed there (the scheduler's own table)."""
+        out: dict[str, dict[str, int]] = {}
+        for job in self.jobs.values():
+            for wid in job.placed.values():
+                per = out.setdefault(wid, {})
+                per[job.job_id] = per.get(job.job_id, 0) + 1
+        return out
+
+    def _rebalance(self, workers: dict) -> None:
+        """Drains, then work stealing once nothing waits to be placed."""
+        now = time.monotonic()
+        self.moving = {w: t for w, t in self.moving.items() if t > now}
+        self.draining &= set(workers)  # a drained worker has left
+        by_worker = self._held_by_worker()
+        held = {w: sum(by_worker.get(w, {}).values()) for w in workers}
+        cap = {w: int(workers[w].info.get("max_seqs", DEFAULT_MAX_HELD)) * 2 for w in workers}
+        moves: list[Move] = []
+        for wid in sorted(self.draining):
+            if wid not in self.moving and held[wid]:
+                moves += plan_drain(wid, held, cap, held[wid], exclude=self.draining | set(self.moving))
+        if self.steal and not moves:
+            pending = sum(len(j.pending) + (j.cursor < j.total) for j in self.jobs.values() if j.state == "running")
+            active = {w: n for w, n in held.items() if w not in self.draining}
+            moves = plan_steals(active, cap, pending, busy=set(self.moving))
+        for m in moves:
+            self._send_move(m, workers, by_worker.get(m.source, {}))
+            self.moving[m.source] = self.moving[m.target] = now + 10.0
+
+    def _send_move(self, move: Move, workers: dict, jobs: dict[str, int]) -> None:
+        left = move.count
+        for job_id, n in sorted(jobs.items(), key=lambda kv: -kv[1]):
+            if left <= 0:
+                break
+            take = min(n, left)
+            try:
+                self._call(workers[move.source].info["address"], "MigrateSequences",
+                           {"epoch": self.election.epoch, "job_id": job_id, "to_node": move.target,
+                            "to_address": workers[move.target].info["address"], "count": take})
+                log.info("[move] %d sequences of %s: %s -> %s", take, job_id, move.source, move.target)
+            except ProtocolError as e:
+                log.warning("[move] %s -> %s failed: %s", move.source, move.target, e)
+            left -= take
 
     # -- takeover ----------------------------------------------------------------------------------
 
@@ -288,17 +378,20 @@ class SchedulerNode(Node):
                 log.warning("[job] %s: %d sequences of departed workers placed again", job.job_id, len(lost))
                 job.rescan()
         capacity = sum(int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2 for w in workers.values())
+        placeable = {wid: w for wid, w in workers.items() if wid not in self.draining}
         for job in self.jobs.values():
             if job.state != "running":
                 continue
             try:
-                if workers:
+                if placeable:
                     self._read_inputs(job, want=capacity)
                     if job.pending:
-                        self._place(job, workers)
+                        self._place(job, placeable)
                 self._finish_if_done(job)
             except ProtocolError as e:
                 log.warning("[job] %s: %s; retrying", job.job_id, e)
+        if workers:
+            self._rebalance(workers)
 
     def _read_inputs(self, job: Job, want: int) -> None:
         """Reads pages of the job's unfinished items until enough are pending to fill
@@ -377,10 +470,14 @@ class SchedulerNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = node_arg_parser("scheduler", etcd_required=True).parse_args(argv)
+    ap = node_arg_parser("scheduler", etcd_required=True)
+    ap.add_argument("--no-steal", action="store_true",
+                    help="never move sequences from a loaded worker to an idle one (work stealing is on by default)")
+    args = ap.parse_args(argv)
     node_id = args.node_id or f"scheduler-{os.getpid()}"
     start_logging("scheduler", node_id)
-    node = SchedulerNode(node_id, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
+    node = SchedulerNode(node_id, args.etcd, args.cluster, steal=not args.no_steal, bind=args.bind,
+                         advertise=args.advertise)
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class SequenceState:
     model_fingerprint: str
     margins: list[float] = field(default_factory=list)
     kv: bytes | None = None
+    sampling_id: object = None  # what its sampling is keyed by, if not seq_id
 
     def header(self) -> dict:
         """Everything but the KV blob, as JSON-able data."""
@@ -40,6 +41,7 @@ class SequenceState:
             "num_computed": self.num_computed,
             "model_fingerprint": self.model_fingerprint,
             "margins": self.margins,
+            "sampling_id": self.sampling_id,
         }
 
     @classmethod
@@ -47,7 +49,8 @@ class SequenceState:
         try:
             return cls(kv=kv, **{k: header[k] for k in (
                 "seq_id", "prompt_token_ids", "output_token_ids", "params", "op_index",
-                "num_computed", "model_fingerprint")}, margins=header.get("margins", []))
+                "num_computed", "model_fingerprint")}, margins=header.get("margins", []),
+                sampling_id=header.get("sampling_id"))
         except KeyError as e:
             raise StateError(f"sequence state lacks field {e.args[0]!r}") from None
 

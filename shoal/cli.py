@@ -135,11 +135,58 @@ def cmd_nodes(args) -> int:
         extra = ""
         if "engine" in st:
             e = st["engine"]
-            extra = (f" running {e['running']} waiting {e['waiting']} kv {e['kv_blocks_used']}/{e['kv_blocks_total']}"
-                     f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')}")
+            q = st.get("sequences", {})
+            extra = (f" resident {q.get('resident', 0)} (running {e['running']}, waiting {e['waiting']},"
+                     f" on other ops {q.get('waiting_on_ops', 0)}, moving {q.get('moving', 0)},"
+                     f" offloaded {q.get('offloaded', 0)}) kv {e['kv_blocks_used']}/{e['kv_blocks_total']}"
+                     f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')}"
+                     + (" DRAINING" if st.get("draining") else ""))
         if "jobs" in st:
             extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"
         print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} messages {msgs} errors {errs}{extra}")
+    return 0
+
+
+def _etcd_of(args) -> tuple[str | None, str]:
+    import json as _json
+    from pathlib import Path
+
+    if getattr(args, "dir", None):
+        rec = _json.loads((Path(args.dir) / "cluster.json").read_text())
+        return rec["etcd"], rec["cluster"]
+    return args.etcd, args.cluster
+
+
+def cmd_drain(args) -> int:
+    """Drains a worker; with the cluster's etcd (--etcd or --dir) waits until it left."""
+    import time
+
+    from shoal.client import Client
+
+    detail = Client(args.router).drain(args.node)
+    print(f"draining {args.node}: {detail.get('held', 0)} sequences to move", flush=True)
+    etcd, cluster = _etcd_of(args)
+    if not etcd:
+        return 0
+    from shoal.nodes.membership import MemberView
+
+    view = MemberView(etcd, cluster).start()
+    t = time.monotonic()
+    try:
+        if not view.wait_for(lambda m: args.node not in m, args.timeout):
+            print(f"{args.node} still a member after {args.timeout:.0f} s", file=sys.stderr)
+            return 1
+    finally:
+        view.stop()
+    print(f"{args.node} drained and left in {time.monotonic() - t:.1f} s")
+    return 0
+
+
+def cmd_migrate(args) -> int:
+    from shoal.client import Client
+
+    detail = Client(args.router).migrate(args.job, args.to, args.seq)
+    print(f"moving {detail['moving']} sequences of {args.job} to {args.to} (from {detail['from']})")
     return 0
 
 
@@ -235,6 +282,22 @@ def main(argv: list[str] | None = None) -> int:
     nd.add_argument("--cluster", default="default")
     nd.add_argument("--dir", help="state dir of a local cluster (shoal up)")
     nd.set_defaults(fn=cmd_nodes)
+
+    dr = sub.add_parser("drain", help="move a worker's sequences to the others, then stop it")
+    dr.add_argument("node")
+    dr.add_argument("--router", required=True)
+    dr.add_argument("--etcd", help="wait until the node has left (needs the cluster's etcd)")
+    dr.add_argument("--cluster", default="default")
+    dr.add_argument("--dir", help="state dir of a local cluster (shoal up): wait using its etcd")
+    dr.add_argument("--timeout", type=float, default=600.0)
+    dr.set_defaults(fn=cmd_drain)
+
+    mg = sub.add_parser("migrate", help="move a job's sequences (or some of them) to a worker, mid-generation")
+    mg.add_argument("job")
+    mg.add_argument("--to", required=True, help="the target worker's node id")
+    mg.add_argument("--seq", action="append", help="a sequence id (repeat; default: all of the job's)")
+    mg.add_argument("--router", required=True)
+    mg.set_defaults(fn=cmd_migrate)
 
     st = sub.add_parser("status", help="a job's status")
     st.add_argument("job")

@@ -108,6 +108,16 @@ class Client:
                 time.sleep(min(0.2 * (attempt + 1), 2.0))
         raise AssertionError("unreachable")
 
+    def drain(self, node_id: str) -> dict:
+        """Empties a worker: it takes no new work, its sequences move to the others,
+        then it leaves the cluster and exits. Returns what the scheduler set in motion."""
+        return self._request("DrainNode", {"node_id": node_id})["detail"]
+
+    def migrate(self, job_id: str, to_node: str, seq_ids: list | None = None) -> dict:
+        """Moves a job's sequences (all, or `seq_ids`) to worker `to_node`, mid-generation."""
+        return self._request("MigrateRequest", {"job_id": job_id, "to_node": to_node,
+                                                "seq_ids": list(seq_ids or [])})["detail"]
+
     def job(self, job_id: str) -> Job:
         """Reattach to a job by id."""
         return Job(self, job_id)

@@ -21,14 +21,17 @@ class LocalCluster:
     def __init__(self, model: str | Path, workers: int = 1, state_dir: str | Path | None = None,
                  cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
-                 curve_keys: str | Path | None = None, host: str = "127.0.0.1"):
+                 curve_keys: str | Path | None = None, host: str = "127.0.0.1",
+                 scheduler_args: list[str] | None = None):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
-        etcd and every node listen on `host`."""
+        etcd and every node listen on `host`; `scheduler_args` go to every scheduler
+        (e.g. `--no-steal`)."""
         self.model, self.workers, self.cluster, self.dtype, self.policy = str(model), workers, cluster, dtype, policy
         self.worker_threads, self.schedulers, self.env = worker_threads, schedulers, env
         self.worker_args = worker_args or []
+        self.scheduler_args = scheduler_args or []
         self.host = host
         self.prefixes: dict[str, list[str] | None] = {}
         if curve_keys:
@@ -94,7 +97,8 @@ class LocalCluster:
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
             self._spawn("storage-0", ["shoal.nodes.storage", "--dir", str(self.dir / "storage"), "--node-id", "storage-0", *e])
             for i in range(self.schedulers):
-                self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e])
+                self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e,
+                                               *self.scheduler_args])
             for i in range(self.workers):
                 self._spawn(f"worker-{i}", self._worker_args(f"worker-{i}"))
             self.router = self._spawn("router-0", ["shoal.nodes.router", "--dir", str(self.dir / "router"),

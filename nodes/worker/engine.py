@@ -41,6 +41,9 @@ class EngineConfig:
     max_num_seqs: int = 256
     chunked_prefill: bool = True
     prefix_caching: bool = True
+    # Host memory for the KV of sequences preempted when blocks run out: restored by a
+    # copy instead of a prefill (on a GPU it would be pinned memory). 0: they recompute.
+    offload_bytes: int = 0
     num_threads: int | None = None
     # "native": the compiled paged decode attention (falls back to "sdpa" if it cannot be
     # built); "sdpa": gather the slots, then scaled_dot_product_attention.
@@ -67,6 +70,8 @@ class EngineStats:
     prompt_tokens_cached: int = 0
     generated_tokens: int = 0
     preemptions: int = 0
+    offloads: int = 0  # preempted sequences whose KV went to host memory
+    restores: int = 0  # ... and came back from it
     time_plan: float = 0.0
     time_model: float = 0.0
     time_sample: float = 0.0
@@ -105,6 +110,7 @@ class LLMEngine:
         # Tests and benchmarks may watch every sampling step's logits: fn(seq_ids, logits).
         self.on_logits = None
         self.cost_model = None
+        self.offloaded_bytes = 0  # host memory held by offloaded KV
         self.policy_fallback: str | None = None  # why EB/EB+ was refused, if it was
         if planner is not None:
             self.planner = planner
@@ -135,12 +141,14 @@ class LLMEngine:
 
         return {**asdict(self.stats), "running": len(self.running), "waiting": len(self.waiting),
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
+                "offloaded": sum(1 for s in self.waiting if s.host_kv is not None),
+                "offloaded_bytes": self.offloaded_bytes,
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback}
 
     # -- requests --------------------------------------------------------------------
 
     def add_request(self, seq_id, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
-                    params: SamplingParams = SamplingParams(), op_index: int = 0) -> None:
+                    params: SamplingParams = SamplingParams(), op_index: int = 0, sampling_id=None) -> None:
         """Queues a sequence. Raises RequestError, naming the sequence, for bad input;
         the engine's other sequences are unaffected."""
         if seq_id in self.seqs:
@@ -155,7 +163,8 @@ class LLMEngine:
             prompt_token_ids = self.tokenizer.encode(prompt)
         ids = list(prompt_token_ids)
         self._check_prompt(seq_id, ids)
-        seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens)
+        seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens,
+                       sampling_id=sampling_id)
         self._enqueue(seq)
 
     def _check_prompt(self, seq_id, ids: list[int]) -> None:
@@ -188,6 +197,7 @@ class LLMEngine:
             self.blocks.release(seq.block_table)
         elif seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
+        self._forget_host_kv(seq)
         seq.block_table = []
         seq.status = SeqStatus.FINISHED
 
@@ -228,6 +238,9 @@ class LLMEngine:
         room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
         waiting, cached = [], {}
         for s in self.waiting[: max(0, room)]:
+            if s.host_kv is not None:  # restored by a copy: its tokens count as computed
+                waiting.append(SeqView(s.seq_id, s.num_tokens, s.host_kv.shape[2], 0, 0, s.num_prompt_tokens))
+                continue
             blocks: list[int] = []
             if self.config.prefix_caching:
                 s.update_block_hashes(bs)
@@ -253,7 +266,7 @@ class LLMEngine:
         # Cached prefix blocks are taken before anything is allocated, so no allocation
         # in this step can recycle a block another admitted sequence is about to reuse.
         for seq, _ in chunks:
-            if seq.status == SeqStatus.WAITING:
+            if seq.status == SeqStatus.WAITING and seq.host_kv is None:
                 blocks = cached.get(seq.seq_id, [])
                 self.blocks.take_cached(blocks)
                 seq.block_table = list(blocks)
@@ -262,6 +275,8 @@ class LLMEngine:
                 self.waiting.remove(seq)
                 self.running.append(seq)
                 seq.status = SeqStatus.RUNNING
+        # Offloaded ones come back by a copy (after the cached blocks above were taken).
+        chunks = [(seq, n) for seq, n in chunks if seq.status == SeqStatus.RUNNING or self._restore(seq)]
         out = []
         for seq, n in chunks:
             need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
@@ -274,8 +289,15 @@ class LLMEngine:
         return out
 
     def _preempt(self, seq: Sequence) -> None:
-        """Frees the sequence's blocks; it re-prefills later (its full blocks usually
-        still sit in the prefix cache, so little is recomputed)."""
+        """Frees the sequence's blocks. Its KV goes to host memory if there is room
+        (`offload_bytes`) and comes back by a copy; otherwise it re-prefills later (its
+        full blocks may still sit in the prefix cache, so less is recomputed)."""
+        if seq.num_computed and self.config.offload_bytes:
+            size = self.cache.bytes_for(seq.num_computed)
+            if self.offloaded_bytes + size <= self.config.offload_bytes:
+                seq.host_kv = self.cache.read(seq.block_table, seq.num_computed).to("cpu")
+                self.offloaded_bytes += size
+                self.stats.offloads += 1
         self.running.remove(seq)
         self.blocks.release(seq.block_table)
         seq.block_table = []
@@ -284,6 +306,32 @@ class LLMEngine:
         bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
         self.stats.preemptions += 1
         log.debug("[preempt] %s at %d tokens", seq.seq_id, seq.num_tokens)
+
+    def _restore(self, seq: Sequence) -> bool:
+        """An offloaded sequence comes back: fresh blocks, its KV copied in. False if
+        the blocks are not free after all (it waits for the next step)."""
+        kv = seq.host_kv
+        need = self.blocks.blocks_for(kv.shape[2])
+        if need > self.blocks.num_free:
+            return False
+        blocks = self.blocks.allocate(need)
+        self.cache.write(blocks, kv)
+        self._forget_host_kv(seq)
+        seq.block_table, seq.num_computed = blocks, kv.shape[2]
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        self.stats.restores += 1
+        if self.config.prefix_caching:
+            seq.update_block_hashes(self.config.block_size)
+            for j in range(seq.num_computed // self.config.block_size):
+                self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
+        return True
+
+    def _forget_host_kv(self, seq: Sequence) -> None:
+        if seq.host_kv is not None:
+            self.offloaded_bytes -= self.cache.bytes_for(seq.host_kv.shape[2])
+            seq.host_kv = None
 
     def _advance(self, seq: Sequence, n: int) -> None:
         bs = self.config.block_size
@@ -371,15 +419,15 @@ class LLMEngine:
         if seq is None:
             raise RequestError(f"sequence {seq_id!r}: not in this engine")
         kv = None
-        if seq.status == SeqStatus.RUNNING and seq.num_computed:
-            tensors = self.cache.read(seq.block_table, seq.num_computed)
+        if seq.host_kv is not None or (seq.status == SeqStatus.RUNNING and seq.num_computed):
+            tensors = seq.host_kv if seq.host_kv is not None else self.cache.read(seq.block_table, seq.num_computed)
             kv = st_save({f"layer.{i}": t.contiguous() for i, t in enumerate(tensors)},
-                         metadata={"model_fingerprint": self.fingerprint, "num_tokens": str(seq.num_computed)})
+                         metadata={"model_fingerprint": self.fingerprint, "num_tokens": str(tensors.shape[2])})
         state = SequenceState(
             seq_id=seq.seq_id, prompt_token_ids=list(seq.prompt_token_ids),
             output_token_ids=list(seq.output_token_ids), params=seq.params.to_dict(),
-            op_index=seq.op_index, num_computed=seq.num_computed if kv else 0,
-            model_fingerprint=self.fingerprint, margins=list(seq.margins), kv=kv)
+            op_index=seq.op_index, num_computed=tensors.shape[2] if kv else 0,
+            model_fingerprint=self.fingerprint, margins=list(seq.margins), kv=kv, sampling_id=seq.sampling_id)
         if remove:
             self.abort(seq_id)
         return state
@@ -395,7 +443,7 @@ class LLMEngine:
         params = SamplingParams.from_dict(state.params)
         seq = Sequence(sid, list(state.prompt_token_ids), params, op_index=state.op_index,
                        output_token_ids=list(state.output_token_ids), margins=list(state.margins),
-                       max_total_tokens=self.max_total_tokens)
+                       max_total_tokens=self.max_total_tokens, sampling_id=state.sampling_id)
         self._check_prompt(sid, seq.prompt_token_ids + seq.output_token_ids)
         kv = self._decode_kv(state) if state.kv is not None and state.num_computed else None
         if kv is not None and state.num_computed >= seq.num_tokens:

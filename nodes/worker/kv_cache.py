@@ -25,6 +25,11 @@ class KVCache:
         pos = torch.arange(start, end)
         return table[pos // bs] * bs + pos % bs
 
+    def bytes_for(self, num_tokens: int) -> int:
+        """Bytes of K/V that `num_tokens` tokens take in the canonical layout."""
+        layer = self.layers[0]
+        return len(self.layers) * 2 * num_tokens * layer.shape[-2] * layer.shape[-1] * layer.element_size()
+
     def read(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         """A sequence's K/V in the canonical unpaged layout: [layers, 2, tokens, kvh, d]."""
         slots = self.slots_of(block_table, 0, num_tokens)

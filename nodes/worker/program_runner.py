@@ -91,6 +91,7 @@ class ProgramRunner:
             journal, generated = self._check_state(sid, spec, state) if state is not None else ([], None)
             args = {**args, **(item.get("args") or {})}
             co = SequenceCoroutine(spec, item, args, sid)
+            co.program_ref = program  # as the job names it: how another worker finds it
             out = co.start(journal, state.get("current") if state else None)
         except (ProgramError, RequestError) as e:
             return [(job_id, error_record(sid, str(e)), 0)]
@@ -135,7 +136,8 @@ class ProgramRunner:
             self.engine.import_sequence(SequenceState(
                 seq_id=key, prompt_token_ids=list(ids), output_token_ids=list(generated["output_token_ids"]),
                 params=op.params.to_dict(), op_index=co.op_index, num_computed=kv_tokens,
-                model_fingerprint=self.engine.fingerprint, margins=list(generated.get("margins", ())), kv=kv))
+                model_fingerprint=self.engine.fingerprint, margins=list(generated.get("margins", ())), kv=kv,
+                sampling_id=key[1]))
         except (RequestError, StateError) as e:
             return self._fail(key, str(e))
         n = len(generated["output_token_ids"])
@@ -154,7 +156,7 @@ class ProgramRunner:
         if isinstance(out, Generate):
             try:
                 self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=out.prompt_token_ids,
-                                        params=out.params, op_index=self.coros[key].op_index)
+                                        params=out.params, op_index=self.coros[key].op_index, sampling_id=sid)
             except RequestError as e:
                 return self._fail(key, str(e))
             return []
@@ -207,6 +209,21 @@ class ProgramRunner:
             for key, result in ex.poll():
                 done += self._fail(key, str(result)) if isinstance(result, Exception) else self._resume(key, result)
         return done
+
+    def describe(self, key: tuple) -> tuple[str, dict, dict]:
+        """(program as the job names it, arguments, item) of a resident sequence."""
+        co = self.coros[key]
+        return co.program_ref, co.args, co.item
+
+    def movable(self, job_id: str, count: int) -> list[tuple]:
+        """Up to `count` (all if < 0) of a job's sequences, cheapest to move first:
+        those not in the engine (waiting on another operation), then by tokens held."""
+        def cost(key):
+            seq = self.engine.seqs.get(key)
+            return (0, 0) if seq is None else (1, seq.num_tokens if seq.num_computed else 0)
+
+        keys = sorted((k for k in self.coros if k[0] == job_id), key=cost)
+        return keys if count < 0 else keys[:count]
 
     def export(self, key: tuple, with_kv: bool = True) -> tuple[dict, bytes | None]:
         """Suspends a sequence and takes it out of this runtime: its state (as a

@@ -36,9 +36,13 @@ class Sequence:
     margins: list[float] = field(default_factory=list)
     max_total_tokens: int = 0  # the model's context: generation stops there
     text_offset: int = 0  # how far stop-string search has looked
+    # What sampling is keyed by: the item's id, so a sequence draws the same tokens in
+    # any job, on any worker, after any move. None: the seq_id itself.
+    sampling_id: object = None
+    host_kv: object = None  # [layers, 2, tokens, kvh, d] in host memory while preempted
 
     def __post_init__(self):
-        self.key = sequence_key(self.seq_id)
+        self.key = sequence_key(self.seq_id if self.sampling_id is None else self.sampling_id)
 
     @property
     def num_tokens(self) -> int:

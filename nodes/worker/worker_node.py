@@ -24,6 +24,8 @@ from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 from shoal.nodes.worker.program_runner import ProgramRunner
+from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
+from shoal.scheduler.kv_transfer import decide_kv
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +37,19 @@ class WorkerNode(Node):
     role = "worker"
 
     def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
-                 checkpoint_tokens: int = 256, **kw):
+                 checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, **kw):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
         self.holding: dict[str, set] = {}  # job_id -> ids assigned and not yet stored
         self._holding_lock = threading.Lock()  # the IO and result-writer threads share it
         self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
+        # Work for the compute thread: ("assign", job_id, program, args, seqs, kv by seq id)
+        # and ("migrate", job_id, seq_ids, count, to_node, to_address).
         self.inbox: queue.Queue = queue.Queue()
+        self.moved: queue.Queue = queue.Queue()  # (job_id, seq_id, to_node) to report
+        self.link_bytes_per_s = link_bytes_per_s  # for the ship-or-re-prefill rule
+        self.draining = False
         self.results: queue.Queue = queue.Queue()  # (job_id, record, tokens) to store
         self.checkpoints: queue.Queue = queue.Queue()  # (job_id, {"id", "state"}) to store
         self.step_times: list[float] = []
@@ -57,6 +64,8 @@ class WorkerNode(Node):
         self._stall_after = plan.stall_after_steps if plan is not None else None
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
+        self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
+                                   lambda job_id: self.jobs.get(job_id, {}))
         if self.registration is not None:
             self.registration.on_rejoin = self._let_go
         self._compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
@@ -67,7 +76,9 @@ class WorkerNode(Node):
         self._watchdog.start()
 
     def handler_table(self) -> dict:
-        return {"AssignSequences": self.on_assign, "HoldingQuery": self.on_holding}
+        return {"AssignSequences": self.on_assign, "HoldingQuery": self.on_holding,
+                "MigrateSequences": self.on_migrate, "ImportChunk": self.on_import_chunk,
+                "ImportSequence": self.on_import_sequence, "DrainWorker": self.on_drain}
 
     # -- IO thread -------------------------------------------------------------------------
 
@@ -86,8 +97,20 @@ class WorkerNode(Node):
             jobs = {job_id: sorted(ids, key=str) for job_id, ids in self.holding.items() if ids}
         return encode("Holding", {"node_id": self.node_id, "jobs": jobs}, reply_to=msg.id)
 
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise ProtocolError("draining", f"worker {self.node_id} is draining and takes no new work")
+
+    def _take_job(self, msg: Message) -> None:
+        job = self.jobs.setdefault(msg["job_id"], {})
+        job["storage"] = msg["storage"] or job.get("storage") or self.storage
+        job["report_to"] = msg["report_to"] or job.get("report_to", "")
+        if not job["storage"]:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "no storage node for this job: start with --storage or assign with storage")
+
     def on_assign(self, msg: Message):
         self._fence(msg["epoch"])
+        self._refuse_if_draining()
         for s in msg["sequences"]:
             if not isinstance(s, dict) or "seq_id" not in s:
                 raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
@@ -96,32 +119,111 @@ class WorkerNode(Node):
             seqs = [s for s in msg["sequences"] if s["seq_id"] not in held]  # a re-sent assignment runs once
             held.update(s["seq_id"] for s in seqs)
         self.counters["sequences.duplicate"] += len(msg["sequences"]) - len(seqs)
-        job = self.jobs.setdefault(msg["job_id"], {})
-        job["storage"] = msg["storage"] or job.get("storage") or self.storage
-        job["report_to"] = msg["report_to"] or job.get("report_to", "")
-        if not job["storage"]:
-            raise ProtocolError(ProtocolError.INVALID_FIELD, "no storage node for this job: start with --storage or assign with storage")
+        self._take_job(msg)
         if seqs:
-            self.inbox.put((msg["job_id"], msg["program"], msg["args"], seqs))
+            self.inbox.put(("assign", msg["job_id"], msg["program"], msg["args"], seqs, {}))
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
 
+    def on_migrate(self, msg: Message):
+        """The scheduler moves some of this worker's sequences: the compute thread
+        exports them and the mover sends them; each is reported as moved once the
+        target holds it."""
+        self._fence(msg["epoch"])
+        if msg["to_node"] == self.node_id:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"cannot migrate sequences of {self.node_id} to itself")
+        self.inbox.put(("migrate", msg["job_id"], msg["seq_ids"], msg["count"], msg["to_node"], msg["to_address"]))
+        accepted = len(msg["seq_ids"]) if msg["seq_ids"] else msg["count"]
+        return encode("MigrateAck", {"job_id": msg["job_id"], "accepted": accepted}, reply_to=msg.id)
+
+    def on_import_chunk(self, msg: Message):
+        self._refuse_if_draining()
+        self.mover.take_chunk(msg["transfer_id"], msg["index"], msg.blobs["data"])
+        return encode("ImportChunkAck", {"transfer_id": msg["transfer_id"], "index": msg["index"]}, reply_to=msg.id)
+
+    def on_import_sequence(self, msg: Message):
+        """Another worker hands over a sequence: checked here, so a state this worker
+        cannot continue is refused and stays at its source."""
+        self._refuse_if_draining()
+        seq = msg["sequence"]
+        state = seq.get("state") if isinstance(seq, dict) else None
+        if not isinstance(state, dict) or "seq_id" not in seq or not isinstance(seq.get("item"), dict):
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "ImportSequence needs a sequence with seq_id, item and state")
+        if state.get("fingerprint") != self.engine.fingerprint:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"sequence {seq['seq_id']!r}: state is from model "
+                                f"{state.get('fingerprint')!r}, this worker runs {self.engine.fingerprint!r}")
+        kv = self.mover.assemble(msg["transfer_id"], msg["chunks"])
+        self._take_job(msg)
+        with self._holding_lock:
+            held = self.holding.setdefault(msg["job_id"], set())
+            fresh = seq["seq_id"] not in held  # a re-sent import is taken once
+            held.add(seq["seq_id"])
+        if fresh:
+            self.inbox.put(("assign", msg["job_id"], msg["program"], msg["args"], [seq], {seq["seq_id"]: kv}))
+            self.counters["sequences.imported"] += 1
+        return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
+
+    def on_drain(self, msg: Message):
+        """Stop taking work; the scheduler moves what is held; when nothing is left
+        (results stored, transfers done) the worker leaves the cluster and exits."""
+        self._fence(msg["epoch"])
+        if not self.draining:
+            log.info("[drain] %s: draining (holding %d sequences)", self.node_id, self.held())
+        self.draining = True
+        return encode("OpsAck", {"detail": {"held": self.held()}}, reply_to=msg.id)
+
     def stats(self) -> dict:
+        resident = len(self.runner)
+        in_engine = len(self.engine.seqs)
         return {**super().stats(), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
+                "draining": self.draining,
+                "sequences": {"resident": resident, "in_engine": in_engine, "waiting_on_ops": resident - in_engine,
+                              "moving": self.mover.busy,
+                              "offloaded": sum(1 for q in self.engine.waiting if q.host_kv is not None)},
                 **self._engine_snapshot}
 
     # -- compute thread --------------------------------------------------------------------
 
-    def _admit(self, job_id: str, program: str, args: dict, seqs: list[dict]) -> None:
+    def _admit(self, job_id: str, program: str, args: dict, seqs: list[dict], kvs: dict) -> None:
         for s in seqs:
             item = s.get("item")
             if item is None:  # a protocol 1.2 scheduler sends the generate program's fields
                 program, args = "generate", s.get("params", {})
                 item = {"prompt": s.get("prompt"), "prompt_token_ids": s.get("prompt_token_ids")}
             # Refused input is a result too: the job records the error, nothing is lost.
-            for done in self.runner.admit(job_id, program, args, {**item, "id": s["seq_id"]}, s.get("state")):
+            for done in self.runner.admit(job_id, program, args, {**item, "id": s["seq_id"]}, s.get("state"),
+                                          kvs.get(s["seq_id"])):
                 self.results.put(done)
                 self.counters["sequences.refused"] += 1
+
+    def _export(self, job_id: str, seq_ids: list, count: int, to_node: str, to_address: str) -> None:
+        """Takes sequences out of the engine and hands them to the mover, with their KV
+        when shipping it beats the target prefilling it again."""
+        keys = [(job_id, s) for s in seq_ids if (job_id, s) in self.runner.coros] if seq_ids \
+            else self.runner.movable(job_id, count)
+        for key in keys:
+            program, args, item = self.runner.describe(key)
+            state, kv = self.runner.export(key)
+            if kv is not None:
+                decision = decide_kv(len(kv), state["kv_tokens"], self.link_bytes_per_s, self.engine.cost_model)
+                if not decision.ship:
+                    kv, state["kv_tokens"] = None, 0
+                self.counters["kv.shipped" if decision.ship else "kv.dropped"] += 1
+            self.mover.send(Outbound(job_id, program, args, {"seq_id": key[1], "item": item, "state": state},
+                                     kv, to_node, to_address))
+        self.counters["migrations.started"] += len(keys)
+
+    def _moved(self, job_id: str, seq_id, to_node: str) -> None:
+        """Mover thread: the target holds the sequence; let it go and tell the scheduler."""
+        with self._holding_lock:
+            self.holding.get(job_id, set()).discard(seq_id)
+        self.counters["migrations.done"] += 1
+        self.moved.put((job_id, seq_id, to_node))
+
+    def _move_failed(self, out: Outbound) -> None:
+        """Mover thread: the transfer failed, so the sequence continues here."""
+        self.counters["migrations.failed"] += 1
+        self.inbox.put(("assign", out.job_id, out.program, out.args, [out.sequence], {out.sequence["seq_id"]: out.kv}))
 
     def _drain_inbox(self) -> None:
         """Admits every waiting assignment; waits briefly for one when the engine is idle."""
@@ -130,7 +232,10 @@ class WorkerNode(Node):
         except queue.Empty:
             return
         while True:
-            self._admit(*item)
+            if item[0] == "assign":
+                self._admit(*item[1:])
+            else:
+                self._export(*item[1:])
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -180,7 +285,8 @@ class WorkerNode(Node):
         dropped = self.runner.drop_all()
         while True:
             try:
-                dropped += len(self.inbox.get_nowait()[-1])
+                item = self.inbox.get_nowait()
+                dropped += len(item[4]) if item[0] == "assign" else 0
             except queue.Empty:
                 break
         with self._holding_lock:
@@ -190,11 +296,23 @@ class WorkerNode(Node):
         self._reset.clear()
         self._reset_done.set()
 
+    def _drained(self) -> bool:
+        with self._holding_lock:
+            holding = any(self.holding.values())
+        return not (holding or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
+                    or self.results.qsize() or self.checkpoints.qsize() or self.moved.qsize())
+
     def _watch_progress(self) -> None:
         """A step loop that stops making progress while holding work revokes this
         node's lease and stops the process: a wedged worker must not look alive just
         because its keep-alive thread still runs. Its work is placed elsewhere."""
         while not self._stop.wait(1.0):
+            if self.draining and self._drained():
+                log.info("[drain] %s holds nothing: leaving the cluster", self.node_id)
+                if self.registration is not None:
+                    self.registration.stop(revoke=True)
+                self.stop()
+                return
             stalled = time.monotonic() - self.last_progress
             if stalled > self.stall_timeout and self.runner.has_work():
                 log.error("[watchdog] no step for %.0f s with work held: revoking the lease and stopping", stalled)
@@ -254,12 +372,25 @@ class WorkerNode(Node):
                           {"job_id": job_id, "checkpoints": list(entries.values())},
                           f"{len(entries)} checkpoints of {job_id}")
 
+    def _report_moves(self, clients: dict, moved: list) -> None:
+        by_job: dict[str, list] = {}
+        for job_id, seq_id, to_node in moved:
+            by_job.setdefault(job_id, []).append([seq_id, to_node])
+        for job_id, pairs in by_job.items():
+            job = self.jobs.get(job_id, {})
+            self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
+                          {"node_id": self.node_id, "job_id": job_id, "moved": pairs, "stats": {"held": self.held()}},
+                          f"moves of {job_id}")
+
     def _write_loop(self) -> None:
         clients: dict[str, RpcClient] = {}
         while not self._stop.is_set():
             ckpts = self._take(self.checkpoints, 0)
             if ckpts:
                 self._write_checkpoints(clients, ckpts)
+            moved = self._take(self.moved, 0)
+            if moved:
+                self._report_moves(clients, moved)
             batch = self._take(self.results, 0.1)
             if not batch:
                 continue
@@ -283,9 +414,13 @@ class WorkerNode(Node):
                                    "tokens": sum(t for _, t in entries),
                                    "stats": {"held": self.held()}}, f"progress of {job_id}")
 
+    def close(self) -> None:
+        self.mover.close()
+        super().close()
+
     def held(self) -> int:
         """Sequences this worker holds: queued in the inbox or in the engine."""
-        return sum(len(item[-1]) for item in list(self.inbox.queue)) + len(self.runner)
+        return sum(len(item[4]) for item in list(self.inbox.queue) if item[0] == "assign") + len(self.runner)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
+    ap.add_argument("--offload-bytes", type=int, default=2 << 30,
+                    help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
+                         "not a prefill); 0: they recompute")
+    ap.add_argument("--link-bytes-per-s", type=float, default=1.25e9,
+                    help="bandwidth to other workers, for the rule that ships a moving sequence's KV or drops it")
     ap.add_argument("--checkpoint-tokens", type=int, default=256,
                     help="record a sequence's state with storage every N generated tokens (and after every "
                          "operation), so that a dead worker's sequences restart from there; 0: between operations only")
@@ -307,9 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
-                                                max_num_batched_tokens=args.budget))
+                                                max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
     node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout,
-                      checkpoint_tokens=args.checkpoint_tokens, bind=args.bind, etcd=args.etcd,
+                      checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
+                      bind=args.bind, etcd=args.etcd,
                       cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
 

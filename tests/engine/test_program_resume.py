@@ -125,3 +125,24 @@ def test_sequences_moved_back_and_forth_between_engines_mid_operation(engine, ti
     for item in ITEMS:
         cmp = compare_generations(out[item["id"]]["generations"], alone[item["id"]]["generations"])
         assert cmp, f"{item['id']}: {cmp.detail}"
+
+
+@program("test.extend")
+def extend(item):
+    """The second prompt extends the first context: history, answer, then more."""
+    first = yield Generate(prompt_token_ids=item["ids"], max_tokens=40, ignore_eos=True)
+    history = item["ids"] + first.token_ids
+    second = yield Generate(prompt_token_ids=history + [7, 8, 9], max_tokens=4, ignore_eos=True)
+    return {"history": len(history), "second": second.token_ids}
+
+
+def test_a_next_operation_reuses_the_kv_of_the_context_it_extends(tiny_model):
+    """Between operations the sequence's full KV blocks stay in the prefix cache, so a
+    Generate whose prompt extends the context prefills only what is new."""
+    eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
+    item = {"id": "x", "ids": list(range(1, 70))}
+    rec = ProgramRunner(eng).run("job", "test.extend", [item])[0]
+    bs = eng.config.block_size
+    reusable = (rec["history"] // bs) * bs  # the full blocks of the history
+    assert eng.stats.prompt_tokens_cached >= reusable > len(item["ids"])  # generated tokens too
+    assert eng.stats.prompt_tokens_computed <= len(item["ids"]) + (rec["history"] + 3 - reusable)

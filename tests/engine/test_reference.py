@@ -106,3 +106,18 @@ def test_preemption_matches_transformers(tiny_model):
     check_against_hf(tiny_model, eng, prompts, max_tokens=24)
     assert eng.stats.preemptions > 0
     assert eng.blocks.num_used == 0  # everything was given back
+
+
+@pytest.mark.parametrize("offload_bytes", [1 << 30, 40_000])  # room for all; for one (512 B a token)
+def test_preempted_kv_offloaded_to_host_and_restored_matches_transformers(tiny_model, offload_bytes):
+    """The same squeeze with host offloading: preempted sequences come back by a copy
+    of their KV instead of a prefill, and the output is unchanged."""
+    eng = LLMEngine(tiny_model, EngineConfig(num_blocks=12, block_size=16, max_num_batched_tokens=64,
+                                             prefix_caching=False, offload_bytes=offload_bytes))
+    prompts = random_prompts(6, 512, [20, 30, 40], seed=4)
+    check_against_hf(tiny_model, eng, prompts, max_tokens=24)
+    assert eng.stats.offloads > 0 and eng.stats.restores == eng.stats.offloads
+    assert eng.offloaded_bytes == 0 and eng.blocks.num_used == 0
+    if offload_bytes > 1 << 20:  # with room for every one, nothing was prefilled twice
+        assert eng.stats.offloads == eng.stats.preemptions
+        assert eng.stats.prompt_tokens_computed == sum(map(len, prompts))
