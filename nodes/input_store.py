@@ -124,10 +124,12 @@ class InputStore:
     # -- reading -------------------------------------------------------------------------------
 
     def read(self, job_id: str, offset: int, limit: int, max_bytes: int, keep=None,
-             scan: int = 1 << 14) -> tuple[list[dict], int]:
+             scan: int = 1 << 14, extra=None) -> tuple[list[dict], int]:
         """Up to `limit` items from input position `offset`, fewer if they pass
         max_bytes, and the position to read next. With `keep` (a predicate on an
-        item), only the items it keeps; up to `scan` lines are looked at per call."""
+        item), only the items it keeps; up to `scan` lines are looked at per call.
+        `extra(item)`: bytes that travel with a kept item (its checkpoint) and count
+        against max_bytes too."""
         total = self.total(job_id)
         if total is None:
             raise InputError(f"job {job_id} has no stored input")
@@ -145,11 +147,13 @@ class InputStore:
                 fh.seek(offs[pos])
             while pos < total and len(out) < limit and pos - offset < scan:
                 line = fh.readline()
-                if out and size + len(line) > max_bytes:
+                item = orjson.loads(line)
+                kept = keep is None or keep(item)
+                weight = len(line) + (extra(item) if kept and extra else 0)
+                if out and size + weight > max_bytes:
                     break
                 pos += 1
-                item = orjson.loads(line)
-                if keep is None or keep(item):
+                if kept:
                     out.append(item)
-                    size += len(line)
+                    size += weight
         return out, pos

@@ -158,7 +158,12 @@ class Node:
             batch = self.poll_once(100)
             if batch:
                 self.handle_batch(batch)
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # a bug in periodic work must not take the node down
+                self.counters["errors.tick"] += 1
+                log.exception("[tick] failed")
+                self._stop.wait(0.5)
         self.close()
 
     def tick(self) -> None:

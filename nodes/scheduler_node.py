@@ -24,12 +24,15 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import orjson
+
 from shoal.nodes.leader import Election
 from shoal.nodes.membership import MemberView
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
+from shoal.protocol.size_limits import by_size
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
@@ -434,20 +437,22 @@ class SchedulerNode(Node):
         placed, left = place([PendingSeq(sid, self._kv_need(a["item"], job.params)) for sid, a in by_id.items()], loads)
         job.pending = deque(by_id[p.seq_id] for p in left)
         for wid, sids in placed.items():
-            seqs = [by_id[s] for s in sids]
-            try:
-                # If only the reply is lost they stay pending and may run twice: the
-                # worker drops an assignment it holds already, storage a second result.
-                self._call(workers[wid].info["address"], "AssignSequences",
-                           {"epoch": self.election.epoch, "job_id": job.job_id, "sequences": seqs,
-                            "program": job.program, "args": job.params,
-                            "report_to": self.advertise, "storage": job.storage})
-                job.placed.update((s, wid) for s in sids)
-                job.pending_ids.difference_update(sids)
-                self.held[wid] = self.held.get(wid, 0) + len(sids)
-            except ProtocolError as e:
-                log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(sids), wid, e)
-                job.pending.extend(seqs)
+            # Items and checkpoints travel in the header: one message per ~512 KiB.
+            for seqs in by_size([by_id[s] for s in sids], lambda a: len(orjson.dumps(a))):
+                part = [a["seq_id"] for a in seqs]
+                try:
+                    # If only the reply is lost they stay pending and may run twice: the
+                    # worker drops an assignment it holds already, storage a second result.
+                    self._call(workers[wid].info["address"], "AssignSequences",
+                               {"epoch": self.election.epoch, "job_id": job.job_id, "sequences": seqs,
+                                "program": job.program, "args": job.params,
+                                "report_to": self.advertise, "storage": job.storage})
+                    job.placed.update((s, wid) for s in part)
+                    job.pending_ids.difference_update(part)
+                    self.held[wid] = self.held.get(wid, 0) + len(part)
+                except ProtocolError as e:
+                    log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(part), wid, e)
+                    job.pending.extend(seqs)
 
     @staticmethod
     def _speed(info: dict) -> float | None:
@@ -460,8 +465,10 @@ class SchedulerNode(Node):
     def _kv_need(item: dict, params: dict) -> int:
         """KV tokens an item will need, as far as its fields tell (a program with several
         operations may need more; the worker's own admission has the last word)."""
-        prompt = len(item["prompt_token_ids"]) if item.get("prompt_token_ids") else len(item.get("prompt") or "") // 3 + 1
-        return prompt + int(item.get("max_tokens") or params.get("max_tokens", 64))
+        ids, text = item.get("prompt_token_ids"), item.get("prompt")
+        prompt = len(ids) if isinstance(ids, list) else len(text) // 3 + 1 if isinstance(text, str) else 1
+        out = item.get("max_tokens") or params.get("max_tokens")
+        return prompt + (out if isinstance(out, int) and out > 0 else 64)  # a bad value fails on the worker
 
     def close(self) -> None:
         self.election.resign()

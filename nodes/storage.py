@@ -17,6 +17,7 @@ import os
 import threading
 from pathlib import Path
 
+import orjson
 from shoal.generate_input import InputError
 from shoal.nodes.checkpoint_store import CheckpointStore
 from shoal.nodes.input_store import InputStore, check_name
@@ -26,11 +27,12 @@ from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
+from shoal.protocol.size_limits import BATCH_BYTES, by_size
 
 log = logging.getLogger(__name__)
 
 READ_LIMIT = 1000  # records per ResultBatch
-INPUT_PAGE_BYTES = 16 << 20  # an InputBatch stays well under the message cap
+INPUT_PAGE_BYTES = BATCH_BYTES  # items (and checkpoints) travel in the header: under its cap
 
 
 class _NoResults:
@@ -121,18 +123,19 @@ class StorageNode(Node):
     def on_read_input(self, msg: Message):
         if msg["offset"] < 0 or msg["limit"] <= 0:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "ReadInput needs offset >= 0 and limit > 0")
-        keep = None
+        keep = extra = None
         if msg["pending_only"]:
             rl = self._log(msg["job_id"], create=False)
             keep = lambda item: item["id"] not in rl  # noqa: E731 - items without a result yet
+            store = self._checkpoints(msg["job_id"])
+            extra = lambda item: len(orjson.dumps(store.get(item["id"])))  # noqa: E731
         try:
             items, nxt = self.inputs.read(check_name("job_id", msg["job_id"]), msg["offset"], msg["limit"],
-                                          INPUT_PAGE_BYTES, keep)
+                                          INPUT_PAGE_BYTES, keep, extra=extra)
         except InputError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
         fields = {"job_id": msg["job_id"], "offset": msg["offset"], "items": items, "next_offset": nxt}
         if msg["pending_only"]:  # items to place again: each restarts from its last checkpoint
-            store = self._checkpoints(msg["job_id"])
             fields["checkpoints"] = [store.get(item["id"]) for item in items]
         return encode("InputBatch", fields, reply_to=msg.id)
 
@@ -185,7 +188,8 @@ class StorageNode(Node):
         if msg["offset"] < 0:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "offset must be >= 0")
         rl = self._log(msg["job_id"], create=False)
-        records = rl.read(msg["offset"], READ_LIMIT)
+        records = by_size(rl.read(msg["offset"], READ_LIMIT), lambda r: len(orjson.dumps(r)))
+        records = records[0] if records else []
         return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
                                       "final": False, "available": len(rl)}, reply_to=msg.id)
 

@@ -32,9 +32,15 @@ def main() -> None:
                                 scheduler_args=["--no-steal"]) as c:
             client = shoal.Client(c.router)
             job = client.submit(items, params={"ignore_eos": True})
-            while not client.migrate(job.id, "worker-1")["moving"]:
-                time.sleep(0.05)
             w1 = RpcClient(c.nodes["worker-1"][2])
+
+            def on_w1() -> int:
+                k = w1.request("StatsQuery")["stats"]["counters"]
+                return k.get("sequences.assigned", 0) + k.get("sequences.imported", 0)
+
+            while on_w1() < n:  # until the scheduler placed them all and every one is on worker-1
+                client.migrate(job.id, "worker-1")
+                time.sleep(0.2)
             while w1.request("StatsQuery")["stats"].get("sequences", {}).get("in_engine", 0) < n:
                 time.sleep(0.1)
             time.sleep(2.0)  # let them prefill and generate

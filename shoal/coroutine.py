@@ -67,7 +67,10 @@ class SequenceCoroutine:
         if not isinstance(op, OPERATIONS):
             raise ProgramError(f"sequence {self.seq_id!r}: program {self.spec.name!r} yielded "
                                f"{type(op).__name__}, not an operation (Generate, Embed or Retrieve)")
-        self.current = _plain(op.to_dict())
+        try:
+            self.current = _plain(op.to_dict())
+        except TypeError as e:  # e.g. a set or a numpy scalar in a prompt
+            raise self._fail("yielded an operation that is not plain data", e) from None
         return op
 
     def start(self, journal: list[dict] = (), current: dict | None = None):

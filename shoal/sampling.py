@@ -28,6 +28,14 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
     def validate(self) -> None:
+        for name, kinds in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", int), ("seed", int)):
+            value = getattr(self, name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise RequestError(f"{name} must be a number, got {value!r}")
+        if not all(isinstance(s, str) for s in self.stop):
+            raise RequestError(f"stop must be a list of strings, got {list(self.stop)!r}")
+        if not all(isinstance(t, int) for t in self.stop_token_ids):
+            raise RequestError(f"stop_token_ids must be a list of integers, got {list(self.stop_token_ids)!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:

@@ -53,6 +53,13 @@ def _record(sid, value) -> dict:
     return {**value, "id": sid} if isinstance(value, dict) else {"id": sid, "output": value}
 
 
+def _message(sid, e: Exception) -> str:
+    """An error for a sequence's record: ours name the sequence already."""
+    if isinstance(e, (ProgramError, RequestError, StateError)):
+        return str(e)
+    return f"sequence {sid!r}: {type(e).__name__}: {e}"
+
+
 def error_record(sid, message: str) -> dict:
     return {"id": sid, "error": message, "finish_reason": "error"}
 
@@ -86,6 +93,8 @@ class ProgramRunner:
         cannot be used)."""
         sid = item.get("id")
         key = (job_id, sid)
+        if key in self.coros:  # already here (a re-sent assignment or import): runs once
+            return []
         try:
             spec = resolve_program(program)
             journal, generated = self._check_state(sid, spec, state) if state is not None else ([], None)
@@ -93,8 +102,8 @@ class ProgramRunner:
             co = SequenceCoroutine(spec, item, args, sid)
             co.program_ref = program  # as the job names it: how another worker finds it
             out = co.start(journal, state.get("current") if state else None)
-        except (ProgramError, RequestError) as e:
-            return [(job_id, error_record(sid, str(e)), 0)]
+        except Exception as e:  # whatever a program or its input does, it fails only itself
+            return [(job_id, error_record(sid, _message(sid, e)), 0)]
         self.coros[key] = co
         self.tokens[key] = sum(len(e["result"].get("token_ids", ())) for e in journal
                                if e["op"]["op"] == "generate")
@@ -138,11 +147,10 @@ class ProgramRunner:
                 params=op.params.to_dict(), op_index=co.op_index, num_computed=kv_tokens,
                 model_fingerprint=self.engine.fingerprint, margins=list(generated.get("margins", ())), kv=kv,
                 sampling_id=key[1]))
-        except (RequestError, StateError) as e:
-            return self._fail(key, str(e))
+        except Exception as e:
+            return self._fail(key, _message(key[1], e))
         n = len(generated["output_token_ids"])
-        self._marks[key] = n
-        self.tokens[key] += n
+        self._marks[key] = n  # (reported with the operation's tokens when it finishes)
         self.counters["tokens.restored"] += n
         return []
 
@@ -157,8 +165,8 @@ class ProgramRunner:
             try:
                 self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=out.prompt_token_ids,
                                         params=out.params, op_index=self.coros[key].op_index, sampling_id=sid)
-            except RequestError as e:
-                return self._fail(key, str(e))
+            except Exception as e:  # bad parameters (wrong types too) fail this sequence only
+                return self._fail(key, _message(sid, e))
             return []
         self.executors[out.kind].submit(key, out)
         return []
@@ -175,8 +183,8 @@ class ProgramRunner:
             return []
         try:
             out = co.advance(result)
-        except ProgramError as e:
-            return self._fail(key, str(e))
+        except Exception as e:
+            return self._fail(key, _message(key[1], e))
         if not isinstance(out, Finished):
             self._checkpoint(key)
         return self._dispatch(key, out)

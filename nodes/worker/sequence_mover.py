@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import RemoteError, RpcClient
+from shoal.rpc import RpcClient
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,12 @@ class Outbound:
     kv: bytes | None
     to_node: str
     to_address: str
+    generation: int = 0  # the worker's generation when it left (a rejoin bumps it)
 
 
 class SequenceMover:
     def __init__(self, node_id: str, ctx, on_moved, on_failed, job_info):
-        """`on_moved(job_id, seq_id, to_node)` runs once the target holds it;
+        """`on_moved(job_id, seq_id, to_node, generation)` runs once the target holds it;
         `on_failed(outbound)` gives a sequence back; `job_info(job_id)` is the job's
         {"storage", "report_to"}, which the target needs too."""
         self.node_id, self.ctx = node_id, ctx
@@ -69,8 +70,8 @@ class SequenceMover:
                 continue
             try:
                 self._transfer(out)
-                self.on_moved(out.job_id, out.sequence["seq_id"], out.to_node)
-            except (TimeoutError, RemoteError, ProtocolError, OSError) as e:
+                self.on_moved(out.job_id, out.sequence["seq_id"], out.to_node, out.generation)
+            except Exception as e:  # whatever went wrong, the sequence must not be lost
                 log.warning("[migrate] %s of %s to %s failed (%s); it continues here", out.sequence["seq_id"],
                             out.job_id, out.to_node, e)
                 self.on_failed(out)

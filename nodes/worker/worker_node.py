@@ -17,10 +17,13 @@ import queue
 import threading
 import time
 
+import orjson
+
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.nodes.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
+from shoal.protocol.size_limits import by_size
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 from shoal.nodes.worker.program_runner import ProgramRunner
@@ -50,6 +53,8 @@ class WorkerNode(Node):
         self.moved: queue.Queue = queue.Queue()  # (job_id, seq_id, to_node) to report
         self.link_bytes_per_s = link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
+        self.generation = 0  # bumped when a lost lease makes us drop everything
+        self._writing = False  # the result writer holds entries it has not delivered yet
         self.results: queue.Queue = queue.Queue()  # (job_id, record, tokens) to store
         self.checkpoints: queue.Queue = queue.Queue()  # (job_id, {"id", "state"}) to store
         self.step_times: list[float] = []
@@ -101,10 +106,12 @@ class WorkerNode(Node):
         if self.draining:
             raise ProtocolError("draining", f"worker {self.node_id} is draining and takes no new work")
 
-    def _take_job(self, msg: Message) -> None:
+    def _take_job(self, msg: Message, from_leader: bool = True) -> None:
+        """Where the job's results and progress go. Only the leader's own messages may
+        change them: a sequence imported from a peer may carry a deposed leader's address."""
         job = self.jobs.setdefault(msg["job_id"], {})
-        job["storage"] = msg["storage"] or job.get("storage") or self.storage
-        job["report_to"] = msg["report_to"] or job.get("report_to", "")
+        job["storage"] = (msg["storage"] if from_leader else "") or job.get("storage") or msg["storage"] or self.storage
+        job["report_to"] = (msg["report_to"] if from_leader else "") or job.get("report_to") or msg["report_to"]
         if not job["storage"]:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "no storage node for this job: start with --storage or assign with storage")
 
@@ -152,11 +159,14 @@ class WorkerNode(Node):
         if state.get("fingerprint") != self.engine.fingerprint:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"sequence {seq['seq_id']!r}: state is from model "
                                 f"{state.get('fingerprint')!r}, this worker runs {self.engine.fingerprint!r}")
+        with self._holding_lock:
+            if seq["seq_id"] in self.holding.get(msg["job_id"], ()):  # a re-sent import is taken once
+                return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
         kv = self.mover.assemble(msg["transfer_id"], msg["chunks"])
-        self._take_job(msg)
+        self._take_job(msg, from_leader=False)
         with self._holding_lock:
             held = self.holding.setdefault(msg["job_id"], set())
-            fresh = seq["seq_id"] not in held  # a re-sent import is taken once
+            fresh = seq["seq_id"] not in held
             held.add(seq["seq_id"])
         if fresh:
             self.inbox.put(("assign", msg["job_id"], msg["program"], msg["args"], [seq], {seq["seq_id"]: kv}))
@@ -203,18 +213,24 @@ class WorkerNode(Node):
             else self.runner.movable(job_id, count)
         for key in keys:
             program, args, item = self.runner.describe(key)
-            state, kv = self.runner.export(key)
+            try:
+                state, kv = self.runner.export(key)
+            except Exception:  # it stays here, running
+                log.exception("[migrate] export of %s failed", key)
+                continue
             if kv is not None:
                 decision = decide_kv(len(kv), state["kv_tokens"], self.link_bytes_per_s, self.engine.cost_model)
                 if not decision.ship:
                     kv, state["kv_tokens"] = None, 0
                 self.counters["kv.shipped" if decision.ship else "kv.dropped"] += 1
             self.mover.send(Outbound(job_id, program, args, {"seq_id": key[1], "item": item, "state": state},
-                                     kv, to_node, to_address))
+                                     kv, to_node, to_address, self.generation))
         self.counters["migrations.started"] += len(keys)
 
-    def _moved(self, job_id: str, seq_id, to_node: str) -> None:
+    def _moved(self, job_id: str, seq_id, to_node: str, generation: int) -> None:
         """Mover thread: the target holds the sequence; let it go and tell the scheduler."""
+        if generation != self.generation:  # we rejoined meanwhile: what we hold now is new work
+            return
         with self._holding_lock:
             self.holding.get(job_id, set()).discard(seq_id)
         self.counters["migrations.done"] += 1
@@ -223,6 +239,8 @@ class WorkerNode(Node):
     def _move_failed(self, out: Outbound) -> None:
         """Mover thread: the transfer failed, so the sequence continues here."""
         self.counters["migrations.failed"] += 1
+        if out.generation != self.generation:  # we rejoined meanwhile: it was placed again elsewhere
+            return
         self.inbox.put(("assign", out.job_id, out.program, out.args, [out.sequence], {out.sequence["seq_id"]: out.kv}))
 
     def _drain_inbox(self) -> None:
@@ -249,7 +267,11 @@ class WorkerNode(Node):
                 self._drop_everything()
             if self._stall_after is not None and steps >= self._stall_after:
                 time.sleep(3600)  # injected fault: a wedged step loop (the watchdog must notice)
-            self._drain_inbox()
+            try:
+                self._drain_inbox()
+            except Exception:  # a bug in admission must not stop the compute thread
+                self.counters["errors.admit"] += 1
+                log.exception("[admit] failed")
             if not self.runner.has_work():
                 continue
             t = time.perf_counter()
@@ -291,6 +313,7 @@ class WorkerNode(Node):
                 break
         with self._holding_lock:
             self.holding.clear()
+        self.generation += 1
         self.counters["sequences.dropped_on_rejoin"] += dropped
         log.warning("[rejoin] lease lost: dropped %d held sequences; registering again", dropped)
         self._reset.clear()
@@ -299,7 +322,7 @@ class WorkerNode(Node):
     def _drained(self) -> bool:
         with self._holding_lock:
             holding = any(self.holding.values())
-        return not (holding or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
+        return not (holding or self.runner.has_work() or self.inbox.qsize() or self.mover.busy or self._writing
                     or self.results.qsize() or self.checkpoints.qsize() or self.moved.qsize())
 
     def _watch_progress(self) -> None:
@@ -368,9 +391,9 @@ class WorkerNode(Node):
             by_job.setdefault(job_id, {})[repr(entry["id"])] = entry
         for job_id, entries in by_job.items():
             job = self.jobs.get(job_id, {})
-            self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteCheckpoints",
-                          {"job_id": job_id, "checkpoints": list(entries.values())},
-                          f"{len(entries)} checkpoints of {job_id}")
+            for part in by_size(list(entries.values()), lambda e: len(orjson.dumps(e))):
+                self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteCheckpoints",
+                              {"job_id": job_id, "checkpoints": part}, f"{len(part)} checkpoints of {job_id}")
 
     def _report_moves(self, clients: dict, moved: list) -> None:
         by_job: dict[str, list] = {}
@@ -383,22 +406,41 @@ class WorkerNode(Node):
                           f"moves of {job_id}")
 
     def _write_loop(self) -> None:
+        """Delivers checkpoints, moves and results until acknowledged. `_writing` is set
+        while it holds entries taken off the queues, so a draining worker does not
+        leave before they are delivered."""
         clients: dict[str, RpcClient] = {}
         while not self._stop.is_set():
-            ckpts = self._take(self.checkpoints, 0)
-            if ckpts:
-                self._write_checkpoints(clients, ckpts)
-            moved = self._take(self.moved, 0)
-            if moved:
-                self._report_moves(clients, moved)
-            batch = self._take(self.results, 0.1)
-            if not batch:
+            self._writing = True
+            ckpts, moved = self._take(self.checkpoints, 0), self._take(self.moved, 0)
+            batch = self._take(self.results, 0)
+            if not (ckpts or moved or batch):
+                self._writing = False
+                self._stop.wait(0.05)
                 continue
-            by_job: dict[str, list] = {}
-            for job_id, rec, tokens in batch:
-                by_job.setdefault(job_id, []).append((rec, tokens))
-            for job_id, entries in by_job.items():
-                job = self.jobs.get(job_id, {})
+            try:
+                if ckpts:
+                    self._write_checkpoints(clients, ckpts)
+                if moved:
+                    self._report_moves(clients, moved)
+                if batch:
+                    self._write_results(clients, batch)
+            except Exception:  # a bug here must not silently stop delivery: try again later
+                self.counters["errors.writer"] += 1
+                log.exception("[deliver] failed; retrying")
+                for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch)):
+                    for e in entries:  # storage and the scheduler deduplicate what already went
+                        q.put(e)
+                self._stop.wait(1.0)
+        self._writing = False
+
+    def _write_results(self, clients: dict, batch: list) -> None:
+        by_job: dict[str, list] = {}
+        for job_id, rec, tokens in batch:
+            by_job.setdefault(job_id, []).append((rec, tokens))
+        for job_id, all_entries in by_job.items():
+            job = self.jobs.get(job_id, {})
+            for entries in by_size(all_entries, lambda e: len(orjson.dumps(e[0]))):
                 records = [rec for rec, _ in entries]
                 self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteResults",
                               {"job_id": job_id, "records": records}, f"{len(records)} results of {job_id}")

@@ -53,6 +53,9 @@ def test_program_with_two_operations_matches_a_run_alone(tiny_model, tmp_path):
         bad = client.submit(work[:3], program="no_such_module_xyz:prog").wait(timeout=120)
         odd = {r["id"]: r for r in client.submit(work[:4], program="test_programs:fails_on_odd").wait(timeout=120)}
         missing = client.submit(work[:2], program="test_programs:retrieves").wait(timeout=120)
+        # Parameters of the wrong type fail the job's sequences, not the workers.
+        typo = client.submit(work[:3], program=PROGRAM, params={"max_tokens": "six"}).wait(timeout=120)
+        after = client.submit(work[:2], program=PROGRAM, params={"max_tokens": 2}).wait(timeout=120)
     alone = ProgramRunner(LLMEngine(tiny_model, EngineConfig(policy="mb"))).run("solo", PROGRAM, work, {"max_tokens": 6})
     assert sorted(got) == sorted(it["id"] for it in work)
     for ref in alone:
@@ -65,3 +68,5 @@ def test_program_with_two_operations_matches_a_run_alone(tiny_model, tmp_path):
     assert [odd[f"p{k}"].get("finish_reason") == "error" for k in range(4)] == [False, True, False, True]
     assert "raised: KeyError: 'odd item'" in odd["p1"]["error"] and len(odd["p0"]["tokens"]) == 2
     assert all("cannot run Retrieve operations" in r["error"] for r in missing)
+    assert all("max_tokens must be a positive integer, got 'six'" in r["error"] for r in typo)
+    assert all(len(r["generations"][0]["token_ids"]) == 2 for r in after)

@@ -89,3 +89,25 @@ def test_missing_chunks_paths_and_names(tmp_path):
         store.put_chunk("../x", 0, b"")
     with pytest.raises(InputError, match="one way"):
         store.ingest("j", items=[{"id": 1, "prompt": "a"}], upload_id="u")
+
+
+def test_pages_count_what_travels_with_each_item(tmp_path):
+    """A page's byte budget covers each kept item's checkpoint too, and reading goes on
+    exactly where a full page stopped."""
+    store = InputStore(tmp_path)
+    store.ingest("j", [{"id": i, "prompt": "x"} for i in range(10)])
+    heavy = {3, 4, 5}
+    extra = lambda item: 1000 if item["id"] in heavy else 0  # noqa: E731
+    first, nxt = store.read("j", 0, 100, max_bytes=1500, extra=extra)
+    assert [it["id"] for it in first] == [0, 1, 2, 3] and nxt == 4
+    second, nxt = store.read("j", nxt, 100, max_bytes=1500, extra=extra)
+    assert [it["id"] for it in second] == [4] and nxt == 5
+    rest, nxt = store.read("j", nxt, 100, max_bytes=1500, extra=extra, keep=lambda it: it["id"] != 7)
+    assert [it["id"] for it in rest] == [5, 6, 8, 9] and nxt == 10
+
+
+def test_batches_are_cut_by_encoded_size():
+    from shoal.protocol.size_limits import by_size
+
+    assert by_size([3, 3, 3, 9, 1], lambda n: n, limit=6) == [[3, 3], [3], [9], [1]]
+    assert by_size([], len) == []
