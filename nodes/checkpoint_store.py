@@ -16,9 +16,7 @@ from pathlib import Path
 
 import orjson
 
-
-def progress(state: dict) -> tuple[int, int]:
-    return len(state.get("journal", ())), len((state.get("generated") or {}).get("output_token_ids", ()))
+from shoal.protocol.coroutine_state import progress
 
 
 class CheckpointStore:

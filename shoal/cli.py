@@ -137,7 +137,7 @@ def cmd_nodes(args) -> int:
             e = st["engine"]
             q = st.get("sequences", {})
             extra = (f" resident {q.get('resident', 0)} (running {e['running']}, waiting {e['waiting']},"
-                     f" on other ops {q.get('waiting_on_ops', 0)}, moving {q.get('moving', 0)},"
+                     f" suspended on other ops {q.get('waiting_on_ops', 0)}, moving {q.get('moving', 0)},"
                      f" offloaded {q.get('offloaded', 0)}) kv {e['kv_blocks_used']}/{e['kv_blocks_total']}"
                      f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')}"
                      + (" DRAINING" if st.get("draining") else ""))

@@ -295,7 +295,9 @@ class LLMEngine:
         if seq.num_computed and self.config.offload_bytes:
             size = self.cache.bytes_for(seq.num_computed)
             if self.offloaded_bytes + size <= self.config.offload_bytes:
-                seq.host_kv = self.cache.read(seq.block_table, seq.num_computed).to("cpu")
+                kv = self.cache.read(seq.block_table, seq.num_computed)
+                # On a GPU the host copy is pinned, so it goes back by DMA.
+                seq.host_kv = kv.to("cpu").pin_memory() if kv.is_cuda else kv
                 self.offloaded_bytes += size
                 self.stats.offloads += 1
         self.running.remove(seq)

@@ -22,7 +22,8 @@ import logging
 from collections import Counter
 
 from shoal.coroutine import Finished, SequenceCoroutine
-from shoal.program import Generate, GenerateResult, ProgramError, ProgramSpec, resolve_program
+from shoal.program import Generate, GenerateResult, ProgramError, resolve_program
+from shoal.protocol.coroutine_state import check_coroutine_state, coroutine_state
 from shoal.protocol.sequence_state import SequenceState, StateError
 from shoal.sampling import RequestError
 
@@ -97,7 +98,8 @@ class ProgramRunner:
             return []
         try:
             spec = resolve_program(program)
-            journal, generated = self._check_state(sid, spec, state) if state is not None else ([], None)
+            journal, generated = check_coroutine_state(state, sid, spec.name, spec.version, self.engine.fingerprint) \
+                if state is not None else ([], None)
             args = {**args, **(item.get("args") or {})}
             co = SequenceCoroutine(spec, item, args, sid)
             co.program_ref = program  # as the job names it: how another worker finds it
@@ -113,27 +115,6 @@ class ProgramRunner:
         if generated is not None and isinstance(out, Generate):
             return self._continue_generate(key, out, generated, kv, int(state.get("kv_tokens") or 0) if kv else 0)
         return self._dispatch(key, out)
-
-    def _check_state(self, sid, spec: ProgramSpec, state: dict) -> tuple[list, dict | None]:
-        """The journal and in-operation progress of a checkpoint that this worker can
-        continue; a ProgramError naming the sequence if it cannot."""
-        where = f"sequence {sid!r}: checkpoint"
-        if not isinstance(state, dict) or not isinstance(state.get("journal"), list):
-            raise ProgramError(f"{where} is truncated or malformed (no journal)")
-        if state.get("program") != spec.name or state.get("version") != spec.version:
-            raise ProgramError(f"{where} was recorded by program {state.get('program')!r} version "
-                               f"{state.get('version')!r}; this job runs {spec.name!r} version {spec.version!r}")
-        if state.get("fingerprint") != self.engine.fingerprint:
-            raise ProgramError(f"{where} is from model {state.get('fingerprint')!r}; this worker runs "
-                               f"{self.engine.fingerprint!r}")
-        if any(not isinstance(e, dict) or "op" not in e or "result" not in e for e in state["journal"]):
-            raise ProgramError(f"{where} is truncated or malformed (a journal entry lacks its op or result)")
-        generated = state.get("generated")
-        if generated is not None:
-            ids = generated.get("output_token_ids") if isinstance(generated, dict) else None
-            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-                raise ProgramError(f"{where} is truncated or malformed (generated tokens)")
-        return state["journal"], generated
 
     def _continue_generate(self, key: tuple, op: Generate, generated: dict, kv: bytes | None = None,
                            kv_tokens: int = 0) -> list:
@@ -191,8 +172,7 @@ class ProgramRunner:
 
     def _checkpoint(self, key: tuple, generated: dict | None = None) -> None:
         co = self.coros[key]
-        state = {"program": co.spec.name, "version": co.spec.version, "journal": list(co.journal),
-                 "current": co.current, "generated": generated, "fingerprint": self.engine.fingerprint}
+        state = coroutine_state(co.spec.name, co.spec.version, co.journal, co.current, self.engine.fingerprint, generated)
         self.checkpoints.append((key[0], {"id": key[1], "state": state}))
         self.counters["checkpoints"] += 1
 
@@ -239,8 +219,7 @@ class ProgramRunner:
         layout. Its Generate's tokens so far travel in the state; an Embed or Retrieve it
         waited on is asked again where it lands."""
         co = self.coros[key]
-        state = {"program": co.spec.name, "version": co.spec.version, "journal": list(co.journal),
-                 "current": co.current, "generated": None, "fingerprint": self.engine.fingerprint, "kv_tokens": 0}
+        state = coroutine_state(co.spec.name, co.spec.version, co.journal, co.current, self.engine.fingerprint)
         kv = None
         if key in self.engine.seqs:
             st = self.engine.export_sequence(key, remove=True)

@@ -92,7 +92,7 @@ def test_unusable_checkpoints_fail_only_their_sequence(engine):
            ids[2]: {**states[ids[2]], "version": "7"},
            ids[3]: {**states[ids[3]], "generated": {"output_token_ids": ["x"]}}}
     out, _ = resumed(engine, "test.resume_two", {**states, **bad})
-    assert "is from model 'Qwen3ForCausalLM:another'" in out[ids[0]]["error"]
+    assert "state is from model 'Qwen3ForCausalLM:another'" in out[ids[0]]["error"]
     assert "truncated or malformed (no journal)" in out[ids[1]]["error"]
     assert "version '7'" in out[ids[2]]["error"]
     assert "truncated or malformed (generated tokens)" in out[ids[3]]["error"]
