@@ -15,7 +15,6 @@ sequence; 64 and 16 show what denser checkpoints cost.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -23,26 +22,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import w1  # noqa: E402
+from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=".bench/model-small")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--sequences", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = bench_arguments(__doc__)
     ap.add_argument("--intervals", default="0,64,16")
     args = ap.parse_args()
     import shoal
     from shoal.rpc import RpcClient
 
-    if not Path(args.model, "config.json").exists():
-        from shoal.nodes.worker.models.make_model import make_model
-
-        make_model(args.model, preset="small", dtype="bfloat16")
+    ensure_model(args.model)
     work = w1(sequences=args.sequences)
-    items = [{"id": i, "prompt_token_ids": p, "max_tokens": n} for i, (p, n) in enumerate(zip(work.prompts, work.output_lens))]
+    items = job_items(work)
     tokens = work.prompt_tokens + work.output_tokens
     intervals = [int(x) for x in args.intervals.split(",")]
     clusters = {}
@@ -66,6 +58,8 @@ def main() -> None:
                 print(f"round {r + 1}, interval {k}: {walls[k][-1]:.1f} s ({tokens / walls[k][-1]:.0f} tok/s)", flush=True)
         kept = {k: RpcClient(c.nodes["storage-0"][2]).request("StatsQuery")["stats"]["counters"].get("checkpoints.kept", 0)
                 for k, c in clusters.items()}
+        spent = {k: RpcClient(c.nodes["worker-0"][2]).request("StatsQuery")["stats"].get("checkpoint_s", 0.0)
+                 for k, c in clusters.items()}
     finally:
         for c in clusters.values():
             c.stop()
@@ -75,7 +69,9 @@ def main() -> None:
         med = statistics.median(walls[k])
         label = f"every {k} tokens" if k else "none inside an operation"
         print(f"  {label}: {med:.1f} s, {100 * (med / base - 1):+.1f}% vs interval {intervals[0]}; "
-              f"{kept[k]} checkpoints kept by storage over {args.rounds + 1} jobs")
+              f"{kept[k]} checkpoints kept by storage over {args.rounds + 1} jobs; the compute thread spent "
+              f"{spent[k]:.2f} s taking them ({100 * spent[k] / sum(walls[k]) * args.rounds / (args.rounds + 1):.2f}% "
+              "of its time)")
 
 
 if __name__ == "__main__":

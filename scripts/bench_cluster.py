@@ -22,7 +22,6 @@ is printed apart: it is the client's result polling, not delivery.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -30,27 +29,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import w1  # noqa: E402
+from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=".bench/model-small")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--sequences", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = bench_arguments(__doc__, rounds=3)
     ap.add_argument("--policy", default="mb")
     args = ap.parse_args()
     import shoal
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
-    if not Path(args.model, "config.json").exists():
-        from shoal.nodes.worker.models.make_model import make_model
-
-        make_model(args.model, preset="small", dtype="bfloat16")
+    ensure_model(args.model)
     work = w1(sequences=args.sequences)
-    items = [{"id": i, "prompt_token_ids": p, "max_tokens": n} for i, (p, n) in enumerate(zip(work.prompts, work.output_lens))]
+    items = job_items(work)
     params = {"ignore_eos": True}
 
     eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy))

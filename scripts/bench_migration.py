@@ -8,7 +8,7 @@ the source, then moves:
   re-prefill: export without KV + import + the target's next step (which prefills
              L tokens again).
 Also printed: what the rule of `scheduler/kv_transfer.py` decides from this device's
-calibration, and where it would switch for GPU-like parameters (H200 prefill, 7B KV)
+calibration, and where it would switch for GPU-like parameters (H200 prefill, Llama-3-8B KV)
 on a 10 Gb/s and a 100 Gb/s link.
 
     python scripts/bench_migration.py --lengths 128,512,1024,2048

@@ -10,7 +10,6 @@ reported: wall time, throughput ratio, preemptions and prompt tokens computed.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -18,20 +17,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import w1  # noqa: E402
+from workloads import bench_arguments, ensure_model, w1  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=".bench/model-small")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--sequences", type=int, default=16)
+    ap = bench_arguments(__doc__, rounds=1)
     ap.add_argument("--kv-fraction", type=float, default=0.4)
-    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
+    ensure_model(args.model)
     work = w1(sequences=args.sequences)
     block = 16
     need = sum(-(-(len(p) + n) // block) for p, n in zip(work.prompts, work.output_lens))

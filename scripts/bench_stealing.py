@@ -13,7 +13,6 @@ interleaved.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,21 +20,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import w1  # noqa: E402
+from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=".bench/model-small")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--sequences", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = bench_arguments(__doc__)
     args = ap.parse_args()
     import shoal
     from shoal.rpc import RpcClient
 
+    ensure_model(args.model)
     work = w1(sequences=args.sequences)
-    items = [{"id": i, "prompt_token_ids": p, "max_tokens": n} for i, (p, n) in enumerate(zip(work.prompts, work.output_lens))]
+    items = job_items(work)
     variants = {"stealing": [], "no stealing": ["--no-steal"]}
     clusters, walls = {}, {v: [] for v in variants}
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+import time
 from collections import Counter
 
 from shoal.coroutine import Finished, SequenceCoroutine
@@ -73,6 +74,7 @@ class ProgramRunner:
         self.counters = counters if counters is not None else Counter()
         self.checkpoints: list[tuple[str, dict]] = []  # (job_id, {"id", "state"}) to send to storage
         self._marks: dict[tuple, int] = {}  # tokens of the current Generate at its last checkpoint
+        self.checkpoint_seconds = 0.0  # compute-thread time spent taking checkpoints
         self.executors = executors or {
             "embed": MissingExecutor("Embed", "it hosts no encoder"),
             "retrieve": MissingExecutor("Retrieve", "no index is reachable from it"),
@@ -192,7 +194,9 @@ class ProgramRunner:
                 self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
                 done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins))
             if self.checkpoint_tokens:
+                t = time.perf_counter()
                 self._checkpoint_long_generations()
+                self.checkpoint_seconds += time.perf_counter() - t
         for ex in self.executors.values():
             for key, result in ex.poll():
                 done += self._fail(key, str(result)) if isinstance(result, Exception) else self._resume(key, result)

@@ -55,6 +55,7 @@ class WorkerNode(Node):
         self.draining = False
         self.generation = 0  # bumped when a lost lease makes us drop everything
         self._writing = False  # the result writer holds entries it has not delivered yet
+        self._wake_writer = threading.Event()
         self.results: queue.Queue = queue.Queue()  # (job_id, record, tokens) to store
         self.checkpoints: queue.Queue = queue.Queue()  # (job_id, {"id", "state"}) to store
         self.step_times: list[float] = []
@@ -186,7 +187,7 @@ class WorkerNode(Node):
         resident = len(self.runner)
         in_engine = len(self.engine.seqs)
         return {**super().stats(), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
-                "draining": self.draining,
+                "draining": self.draining, "checkpoint_s": self.runner.checkpoint_seconds,
                 "sequences": {"resident": resident, "in_engine": in_engine, "waiting_on_ops": resident - in_engine,
                               "moving": self.mover.busy,
                               "offloaded": sum(1 for q in self.engine.waiting if q.host_kv is not None)},
@@ -203,7 +204,7 @@ class WorkerNode(Node):
             # Refused input is a result too: the job records the error, nothing is lost.
             for done in self.runner.admit(job_id, program, args, {**item, "id": s["seq_id"]}, s.get("state"),
                                           kvs.get(s["seq_id"])):
-                self.results.put(done)
+                self._to_writer(self.results, done)
                 self.counters["sequences.refused"] += 1
 
     def _export(self, job_id: str, seq_ids: list, count: int, to_node: str, to_address: str) -> None:
@@ -234,7 +235,7 @@ class WorkerNode(Node):
         with self._holding_lock:
             self.holding.get(job_id, set()).discard(seq_id)
         self.counters["migrations.done"] += 1
-        self.moved.put((job_id, seq_id, to_node))
+        self._to_writer(self.moved, (job_id, seq_id, to_node))
 
     def _move_failed(self, out: Outbound) -> None:
         """Mover thread: the transfer failed, so the sequence continues here."""
@@ -283,9 +284,9 @@ class WorkerNode(Node):
                 time.sleep(0.5)
                 continue
             for done in finished:
-                self.results.put(done)
+                self._to_writer(self.results, done)
             for ckpt in self.runner.checkpoints:
-                self.checkpoints.put(ckpt)
+                self._to_writer(self.checkpoints, ckpt)
             self.runner.checkpoints.clear()
             steps += 1
             self.step_times.append(time.perf_counter() - t)
@@ -405,6 +406,10 @@ class WorkerNode(Node):
                           {"node_id": self.node_id, "job_id": job_id, "moved": pairs, "stats": {"held": self.held()}},
                           f"moves of {job_id}")
 
+    def _to_writer(self, q: queue.Queue, entry) -> None:
+        q.put(entry)
+        self._wake_writer.set()
+
     def _write_loop(self) -> None:
         """Delivers checkpoints, moves and results until acknowledged. `_writing` is set
         while it holds entries taken off the queues, so a draining worker does not
@@ -416,7 +421,8 @@ class WorkerNode(Node):
             batch = self._take(self.results, 0)
             if not (ckpts or moved or batch):
                 self._writing = False
-                self._stop.wait(0.05)
+                self._wake_writer.wait(1.0)  # set by _to_writer: no polling while idle
+                self._wake_writer.clear()
                 continue
             try:
                 if ckpts:
@@ -430,7 +436,7 @@ class WorkerNode(Node):
                 log.exception("[deliver] failed; retrying")
                 for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch)):
                     for e in entries:  # storage and the scheduler deduplicate what already went
-                        q.put(e)
+                        self._to_writer(q, e)
                 self._stop.wait(1.0)
         self._writing = False
 
