@@ -1,0 +1,140 @@
+"""BERT-style sentence encoders in torch (all-MiniLM-L6-v2, bge-base shapes), loaded
+from a sentence-transformers folder: `config.json` + `model.safetensors`, the pooling
+mode from `1_Pooling/config.json`, normalization if `modules.json` lists a Normalize
+module, the length cap from `sentence_bert_config.json`, and `tokenizer.json`.
+
+Texts are tokenized with `tokenizers`, padding and truncation set here (the file's own
+settings are not trusted: MiniLM's pads and truncates to 128), run as one padded
+batch with an attention mask, pooled over real tokens only, so a text's embedding
+does not depend on what it was batched with beyond rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+class EncoderError(ValueError):
+    """An encoder folder that cannot be loaded; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int
+    layer_norm_eps: float
+    pooling: str  # "mean" | "cls"
+    normalize: bool
+    max_seq_length: int
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "EncoderConfig":
+        def read(name: str, required: bool = True):
+            path = folder / name
+            if not path.exists():
+                if required:
+                    raise EncoderError(f"encoder folder {folder}: missing {name}")
+                return None
+            try:
+                return json.loads(path.read_text())
+            except ValueError as e:
+                raise EncoderError(f"{path}: not valid JSON ({e})") from None
+
+        cfg = read("config.json")
+        if cfg.get("model_type") not in ("bert", None) and "Bert" not in str(cfg.get("architectures")):
+            raise EncoderError(f"{folder}/config.json: model_type {cfg.get('model_type')!r} is not a BERT-style encoder")
+        pool = read("1_Pooling/config.json", required=False) or {"pooling_mode_mean_tokens": True}
+        modules = read("modules.json", required=False) or []
+        st = read("sentence_bert_config.json", required=False) or {}
+        return cls(cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["intermediate_size"],
+                   cfg["max_position_embeddings"], cfg.get("layer_norm_eps", 1e-12),
+                   "cls" if pool.get("pooling_mode_cls_token") else "mean",
+                   any(m.get("type", "").endswith("Normalize") for m in modules),
+                   int(st.get("max_seq_length", cfg["max_position_embeddings"])))
+
+
+class Encoder:
+    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32):
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
+
+        self.folder = Path(folder)
+        self.config = cfg = EncoderConfig.from_folder(self.folder)
+        weights = self.folder / "model.safetensors"
+        if not weights.exists():
+            raise EncoderError(f"encoder folder {self.folder}: missing model.safetensors")
+        w = {k.removeprefix("bert."): v.to(dtype) for k, v in load_file(str(weights)).items()}
+        need = ["embeddings.word_embeddings.weight"] + [f"encoder.layer.{i}.output.dense.weight" for i in range(cfg.num_layers)]
+        missing = [k for k in need if k not in w]
+        if missing:
+            raise EncoderError(f"{weights}: missing tensors {missing[:3]} for a {cfg.num_layers}-layer BERT encoder")
+        self.w = w
+        self.dim = cfg.hidden_size
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=min(cfg.max_seq_length, cfg.max_positions))
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    @torch.inference_mode()
+    def encode_ids(self, batch: list[list[int]]) -> torch.Tensor:
+        """[len(batch), dim] float32 embeddings of already tokenized texts, one padded batch."""
+        cfg, w = self.config, self.w
+        n = max(map(len, batch))
+        ids = torch.zeros(len(batch), n, dtype=torch.long)
+        mask = torch.zeros(len(batch), n, dtype=torch.bool)
+        for i, row in enumerate(batch):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = True
+        x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
+             + w["embeddings.token_type_embeddings.weight"][0])
+        x = F.layer_norm(x, (self.dim,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg.layer_norm_eps)
+        heads, hd = cfg.num_heads, self.dim // cfg.num_heads
+        bias = torch.zeros(len(batch), 1, 1, n, dtype=x.dtype).masked_fill(~mask[:, None, None, :], -math.inf)
+        for i in range(cfg.num_layers):
+            p = f"encoder.layer.{i}."
+
+            def lin(t, name):
+                return F.linear(t, w[p + name + ".weight"], w[p + name + ".bias"])
+
+            q, k, v = (lin(x, f"attention.self.{m}").view(len(batch), n, heads, hd).transpose(1, 2)
+                       for m in ("query", "key", "value"))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(len(batch), n, self.dim)
+            x = F.layer_norm(x + lin(a, "attention.output.dense"), (self.dim,), w[p + "attention.output.LayerNorm.weight"],
+                             w[p + "attention.output.LayerNorm.bias"], cfg.layer_norm_eps)
+            h = lin(F.gelu(lin(x, "intermediate.dense")), "output.dense")
+            x = F.layer_norm(x + h, (self.dim,), w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"],
+                             cfg.layer_norm_eps)
+        if cfg.pooling == "cls":
+            out = x[:, 0]
+        else:
+            m = mask[..., None].to(x.dtype)
+            out = (x * m).sum(1) / m.sum(1).clamp(min=1)
+        out = out.float()
+        return F.normalize(out, dim=-1) if cfg.normalize else out
+
+    def encode(self, texts: list[str], token_budget: int = 8192) -> torch.Tensor:
+        """Embeddings in input order. Texts are sorted by length and cut into
+        micro-batches of at most `token_budget` padded tokens, then put back in order."""
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out = torch.empty(len(ids), self.dim)
+        start = 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end + 1 - start) * len(ids[order[end]]) <= token_budget:
+                end += 1
+            chunk = order[start:end]
+            out[chunk] = self.encode_ids([ids[i] for i in chunk])
+            start = end
+        return out
