@@ -1,0 +1,69 @@
+"""SuperBatch packing for bulk embedding (PAPERS.md §2, SURGE).
+
+A job's corpus is a list of logical partitions with their sizes. Whole partitions are
+packed into a SuperBatch until it holds at least `b_min` texts; a partition larger than
+`n_max` is cut into pieces of at most `n_max` rows. Before a piece is added the
+SuperBatch holds fewer than `b_min` texts, so none ever exceeds `b_min + n_max - 1`.
+
+Boundaries depend only on the job's partition list (in its stored order) and sizes,
+never on arrival or timing, and a SuperBatch's id is a hash of its content (partition
+and row range of each slice): a restarted job packs exactly the same SuperBatches, and
+a manifest of finished ids tells what to skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slice:
+    partition: str
+    start: int  # first row
+    end: int  # one past the last row
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class SuperBatch:
+    id: str
+    slices: tuple[Slice, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.slices)
+
+
+def superbatch_id(slices) -> str:
+    key = "|".join(f"{s.partition}:{s.start}-{s.end}" for s in slices)
+    return "sb-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+def pack(partitions: list[tuple[str, int]], b_min: int, n_max: int) -> list[SuperBatch]:
+    """SuperBatches covering every row of every partition exactly once, in order."""
+    if b_min < 1 or n_max < 1:
+        raise ValueError(f"b_min and n_max must be at least 1, got b_min={b_min}, n_max={n_max}")
+    seen = set()
+    out: list[SuperBatch] = []
+    current: list[Slice] = []
+    held = 0
+    for name, size in partitions:
+        if name in seen:
+            raise ValueError(f"partition {name!r} is listed twice")
+        if size < 0:
+            raise ValueError(f"partition {name!r} has a negative size {size}")
+        seen.add(name)
+        for start in range(0, size, n_max):
+            piece = Slice(str(name), start, min(start + n_max, size))
+            current.append(piece)
+            held += piece.size
+            if held >= b_min:
+                out.append(SuperBatch(superbatch_id(current), tuple(current)))
+                current, held = [], 0
+    if current:
+        out.append(SuperBatch(superbatch_id(current), tuple(current)))
+    return out
