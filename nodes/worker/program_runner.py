@@ -199,7 +199,8 @@ class ProgramRunner:
                 self.checkpoint_seconds += time.perf_counter() - t
         for ex in self.executors.values():
             for key, result in ex.poll():
-                done += self._fail(key, str(result)) if isinstance(result, Exception) else self._resume(key, result)
+                done += self._fail(key, _message(key[1], result)) if isinstance(result, Exception) \
+                    else self._resume(key, result)
         return done
 
     def describe(self, key: tuple) -> tuple[str, dict, dict]:

@@ -40,7 +40,7 @@ class WorkerNode(Node):
     role = "worker"
 
     def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
-                 checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, **kw):
+                 checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, encoder=None, **kw):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
@@ -70,6 +70,10 @@ class WorkerNode(Node):
         self._stall_after = plan.stall_after_steps if plan is not None else None
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
+        if encoder is not None:
+            from shoal.nodes.worker.embed_executor import EmbedExecutor
+
+            self.runner.executors["embed"] = EmbedExecutor(encoder)
         self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
                                    lambda job_id: self.jobs.get(job_id, {}))
         if self.registration is not None:
@@ -479,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
+    ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations with it")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")
@@ -496,7 +501,12 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                 max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
-    node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout,
+    encoder = None
+    if args.encoder:
+        from shoal.nodes.worker.models.encoder import Encoder
+
+        encoder = Encoder(args.encoder)
+    node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, encoder=encoder,
                       checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
                       bind=args.bind, etcd=args.etcd,
                       cluster=args.cluster, advertise=args.advertise)

