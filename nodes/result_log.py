@@ -80,14 +80,19 @@ class ResultLog:
             os.fsync(self.fh.fileno())
             self._dirty = False
 
-    def read(self, offset: int, limit: int) -> list[dict]:
-        """Committed-or-buffered records [offset, offset + limit) in log order."""
+    def read(self, offset: int, limit: int, max_bytes: int | None = None) -> list[dict]:
+        """Committed-or-buffered records [offset, offset + limit) in log order; fewer
+        if their lines pass `max_bytes` (at least one)."""
         self.fh.flush()
-        out = []
+        out, size = [], 0
         with open(self.path, "rb") as fh:
             for start in self.offsets[offset : offset + limit]:
                 fh.seek(start)
-                out.append(orjson.loads(fh.readline()))
+                line = fh.readline()
+                size += len(line)
+                if out and max_bytes is not None and size > max_bytes:
+                    break
+                out.append(orjson.loads(line))
         return out
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.protocol.size_limits import BATCH_BYTES, by_size
+from shoal.protocol.size_limits import BATCH_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class _NoResults:
     def __contains__(self, item_id) -> bool:
         return False
 
-    def read(self, offset: int, limit: int) -> list:
+    def read(self, offset: int, limit: int, max_bytes: int | None = None) -> list:
         return []
 
 
@@ -188,8 +188,7 @@ class StorageNode(Node):
         if msg["offset"] < 0:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "offset must be >= 0")
         rl = self._log(msg["job_id"], create=False)
-        records = by_size(rl.read(msg["offset"], READ_LIMIT), lambda r: len(orjson.dumps(r)))
-        records = records[0] if records else []
+        records = rl.read(msg["offset"], READ_LIMIT, BATCH_BYTES)  # the header's cap, not a count, bounds it
         return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
                                       "final": False, "available": len(rl)}, reply_to=msg.id)
 

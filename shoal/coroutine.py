@@ -86,21 +86,22 @@ class SequenceCoroutine:
                                "function (it must yield operations)")
         out = self._step(None)
         for i, entry in enumerate(journal):
-            if isinstance(out, Finished) or self.current != entry["op"]:
-                got = "returned" if isinstance(out, Finished) else f"yielded {self.current}"
-                raise NotDeterministic(
-                    f"sequence {self.seq_id!r}: program {self.spec.name!r} is not deterministic: on replay, "
-                    f"operation {i} {got}, but the journal recorded {entry['op']} (a program must choose its "
-                    "operations from its item, its arguments and the results it received only)")
+            self._expect(out, i, entry["op"], "the journal")
             self.journal.append(entry)
             out = self._step(result_from_dict(entry["op"]["op"], entry["result"]))
-        if current is not None and self.current != current:
-            got = "returned" if isinstance(out, Finished) else f"yielded {self.current}"
-            raise NotDeterministic(
-                f"sequence {self.seq_id!r}: program {self.spec.name!r} is not deterministic: on replay, "
-                f"operation {len(journal)} {got}, but the checkpoint recorded {current} (a program must choose "
-                "its operations from its item, its arguments and the results it received only)")
+        if current is not None:
+            self._expect(out, len(journal), current, "the checkpoint")
         return out
+
+    def _expect(self, out, index: int, recorded: dict, where: str) -> None:
+        """Replay must yield what was recorded; anything else is a non-deterministic program."""
+        if not isinstance(out, Finished) and self.current == recorded:
+            return
+        got = "returned" if isinstance(out, Finished) else f"yielded {self.current}"
+        raise NotDeterministic(
+            f"sequence {self.seq_id!r}: program {self.spec.name!r} is not deterministic: on replay, operation "
+            f"{index} {got}, but {where} recorded {recorded} (a program must choose its operations from its "
+            "item, its arguments and the results it received only)")
 
     def advance(self, result):
         """Feeds the current operation's result; returns the next operation or Finished."""

@@ -22,3 +22,14 @@ def test_recovery_cuts_a_torn_tail(tmp_path):
     assert len(again) == 3 and again.append([{"id": 2}, {"id": 3}]) == (1, 1)
     again.commit()
     assert [r["id"] for r in again.read(0, 10)] == [0, 1, 2, 3]
+
+
+def test_reads_stop_at_a_byte_budget_but_return_at_least_one(tmp_path):
+    from shoal.nodes.result_log import ResultLog
+
+    log = ResultLog(tmp_path / "r.wal")
+    log.append([{"id": i, "text": "x" * 100} for i in range(5)])
+    assert [r["id"] for r in log.read(0, 10, max_bytes=250)] == [0, 1]
+    assert [r["id"] for r in log.read(4, 10, max_bytes=10)] == [4]
+    assert len(log.read(0, 10)) == 5
+    log.close()
