@@ -53,7 +53,15 @@ class RouterNode(AsyncNode):
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
                 "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel,
-                "UploadChunk": self.on_upload_chunk, "DrainNode": self.on_ops, "MigrateRequest": self.on_ops}
+                "UploadChunk": self.on_upload_chunk, "DrainNode": self.on_ops, "MigrateRequest": self.on_ops,
+                "ClusterInfoQuery": self.on_cluster_info}
+
+    async def on_cluster_info(self, msg: Message):
+        """Every member and what it published (address, model, encoder and its cost
+        terms, calibration): what a client needs to predict a job before running it."""
+        members = [{"node_id": m.node_id, "role": m.role, "info": m.info}
+                   for m in sorted(self.view.snapshot().values(), key=lambda m: (m.role, m.node_id))]
+        return encode("ClusterInfo", {"members": members}, reply_to=msg.id)
 
     def _client(self, address: str) -> AsyncRpcClient:
         if address not in self.clients:
@@ -89,7 +97,7 @@ class RouterNode(AsyncNode):
             raise ProtocolError(ProtocolError.INVALID_FIELD, "job_key must not be empty")
         if msg.blobs:
             raise ProtocolError(ProtocolError.INVALID_FIELD, "send a large input as UploadChunk messages, then submit its upload_id")
-        large = msg["upload_id"] or msg["input_path"]  # storage checks it before the reply
+        large = msg["upload_id"] or msg["input_path"] or msg["program"] == "embed"  # storage reads it before the reply
         reply = await self._forward(await self._scheduler(), msg,
                                     timeout=INGEST_TIMEOUT_S + 10 if large else DEFAULT_TIMEOUT_S)
         if msg["job_key"] not in self.keys:

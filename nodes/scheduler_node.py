@@ -36,6 +36,10 @@ from shoal.protocol.size_limits import by_size
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
+from shoal.scheduler.superbatch import pack
+
+EMBED = "embed"  # the program name of bulk embedding jobs: SuperBatches, not sequences
+DEFAULT_SUPERBATCHES_IN_FLIGHT = 2  # per worker: one encoding, one being read
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +69,27 @@ class Job:
     tokens: int = 0
     started: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
+    detail: dict = field(default_factory=dict)  # what ingest found (an embedding job's bad rows, ...)
+    superbatches: dict | None = None  # an embedding job's: id -> {id, slices, size}, once planned
+
+    @property
+    def embedding(self) -> bool:
+        return self.program == EMBED
+
+    def weight(self, sid) -> int:
+        """What finishing `sid` adds to `done`: a sequence counts 1, a SuperBatch its texts."""
+        if not self.embedding:
+            return 1
+        return (self.superbatches or {}).get(sid, {}).get("size", 0)
 
     def record(self) -> dict:
         return {"job_id": self.job_id, "job_key": self.job_key, "program": self.program, "params": self.params,
-                "total": self.total, "state": self.state}
+                "total": self.total, "state": self.state, "detail": self.detail}
 
     def status(self) -> dict:
         elapsed = (self.finished_at or time.monotonic()) - self.started
         return {"job_id": self.job_id, "state": self.state, "total": self.total, "done": self.done,
-                "tokens_per_s": self.tokens / max(elapsed, 1e-9)}
+                "tokens_per_s": self.tokens / max(elapsed, 1e-9), "detail": self.detail}
 
     def assignment(self, item: dict, state: dict | None = None) -> dict:
         # The item goes as it is: the job's program reads its fields on the worker. A
@@ -96,7 +112,8 @@ def job_id_for(job_key: str) -> str:
 class SchedulerNode(Node):
     role = "scheduler"
 
-    def __init__(self, node_id: str, etcd: str, cluster: str = "default", steal: bool = True, **kw):
+    def __init__(self, node_id: str, etcd: str, cluster: str = "default", steal: bool = True,
+                 superbatches_in_flight: int = DEFAULT_SUPERBATCHES_IN_FLIGHT, **kw):
         super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
         self.election = Election(etcd, cluster, node_id)
         self.view = MemberView(etcd, cluster).start()
@@ -106,6 +123,7 @@ class SchedulerNode(Node):
         self.incarnations: dict[str, object] = {}  # worker -> the lease it registered under
         self.clients: dict[str, RpcClient] = {}
         self.steal = steal
+        self.superbatches_in_flight = superbatches_in_flight
         self.draining: set[str] = set()  # workers being emptied; they get no new work
         self.moving: dict[str, float] = {}  # worker -> deadline of a move it is part of
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
@@ -180,7 +198,9 @@ class SchedulerNode(Node):
                 self._call(job.storage, "IngestInput", {"job_id": job_id, "upload_id": msg["upload_id"], "epoch": epoch},
                            INGEST_TIMEOUT_S)
             return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
-                                          "duplicate": True}, reply_to=msg.id)
+                                          "duplicate": True, "detail": job.detail}, reply_to=msg.id)
+        if msg["program"] == EMBED:
+            return self._submit_embedding(msg, job_id, epoch)
         try:
             check_program_name(msg["program"])
         except ProgramError as e:
@@ -200,6 +220,31 @@ class SchedulerNode(Node):
         log.info("[job] %s (%s): %d sequences", job_id, msg["job_key"], job.total)
         return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total}, reply_to=msg.id)
 
+    def _submit_embedding(self, msg: Message, job_id: str, epoch: int):
+        """An embedding job: storage reads the corpus and opens the output (checking it
+        holds nothing made differently); SuperBatches are packed from its partition list."""
+        p = msg["params"]
+        for key in ("b_min", "n_max"):
+            if not isinstance(p.get(key), int) or isinstance(p.get(key), bool) or p[key] < 1:
+                raise ProtocolError(ProtocolError.INVALID_FIELD, f"an embedding job needs {key} >= 1, got {p.get(key)!r}")
+        enc = p.get("encoder")
+        if not isinstance(enc, dict) or not enc.get("fingerprint") or not isinstance(enc.get("dim"), int):
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "an embedding job needs its encoder's fingerprint and dim")
+        storage = self._storage()
+        ready = self._call(storage, "IngestCorpus", {
+            "epoch": epoch, "job_id": job_id, "corpus": p.get("corpus") or {}, "output": str(p.get("output") or ""),
+            "header": {"encoder": enc["fingerprint"], "encoder_name": enc.get("name", ""), "dim": enc["dim"],
+                       "dtype": p.get("vector_dtype", "float32"), "packing": [p["b_min"], p["n_max"]]}},
+            INGEST_TIMEOUT_S)
+        job = Job(job_id, msg["job_key"], EMBED, dict(p), ready["total"], storage)
+        job.detail = {k: ready[k] for k in ("partitions", "skipped", "errors", "empty", "done")}
+        self._log_job(job)
+        self.jobs[job_id] = job
+        log.info("[job] %s (%s): embed %d texts in %d partitions (%d already in the output)", job_id, msg["job_key"],
+                 job.total, ready["partitions"], ready["done"])
+        return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
+                                      "detail": job.detail}, reply_to=msg.id)
+
     def on_progress(self, msg: Message):
         epoch = self._leader()
         self.held[msg["node_id"]] = int(msg["stats"].get("held", 0))
@@ -208,11 +253,11 @@ class SchedulerNode(Node):
             new = 0
             for sid in msg["finished"]:
                 if job.placed.pop(sid, None) is not None:
-                    new += 1
+                    new += job.weight(sid)
                 elif sid in job.pending_ids:  # finished elsewhere while waiting to be placed again
                     job.pending_ids.discard(sid)
                     job.pending = deque(a for a in job.pending if a["seq_id"] != sid)
-                    new += 1
+                    new += job.weight(sid)
             job.done += new
             if new:  # a re-sent report adds nothing
                 job.tokens += msg["tokens"]
@@ -282,6 +327,8 @@ class SchedulerNode(Node):
         """worker -> job -> sequences placed there (the scheduler's own table)."""
         out: dict[str, dict[str, int]] = {}
         for job in self.jobs.values():
+            if job.embedding:  # SuperBatches are few per worker and short: never moved
+                continue
             for wid in job.placed.values():
                 per = out.setdefault(wid, {})
                 per[job.job_id] = per.get(job.job_id, 0) + 1
@@ -300,7 +347,8 @@ class SchedulerNode(Node):
             if wid not in self.moving and held[wid]:
                 moves += plan_drain(wid, held, cap, held[wid], exclude=self.draining | set(self.moving))
         if self.steal and not moves:
-            pending = sum(len(j.pending) + (j.cursor < j.total) for j in self.jobs.values() if j.state == "running")
+            pending = sum(len(j.pending) + (j.cursor < j.total) for j in self.jobs.values()
+                          if j.state == "running" and not j.embedding)
             active = {w: n for w, n in held.items() if w not in self.draining}
             moves = plan_steals(active, cap, pending, busy=set(self.moving))
         for m in moves:
@@ -333,7 +381,7 @@ class SchedulerNode(Node):
         listing = self._call(storage, "ListJobs", {"epoch": epoch}, 30.0)
         for rec in listing["jobs"]:
             job = Job(rec["job_id"], rec["job_key"], rec["program"], rec["params"], rec["total"], storage, rec["state"])
-            job.done = rec["done"]
+            job.done, job.detail = rec["done"], rec.get("detail") or {}
             self.jobs[job.job_id] = job
         for wid, w in self.view.snapshot("worker").items():
             try:
@@ -386,7 +434,11 @@ class SchedulerNode(Node):
             if job.state != "running":
                 continue
             try:
-                if placeable:
+                if job.embedding:
+                    self._plan_superbatches(job)
+                    if job.pending and placeable:
+                        self._place_superbatches(job, placeable)
+                elif placeable:
                     self._read_inputs(job, want=capacity)
                     if job.pending:
                         self._place(job, placeable)
@@ -410,6 +462,70 @@ class SchedulerNode(Node):
             if page["next_offset"] <= job.cursor:
                 raise ProtocolError("internal", f"storage read no further than input position {job.cursor}")
             job.cursor = page["next_offset"]
+
+    def _pages(self, job: Job, msg_type: str, key: str) -> list:
+        out, offset = [], 0
+        while True:
+            page = self._call(job.storage, msg_type, {"job_id": job.job_id, "offset": offset})
+            out += page[key]
+            if page["next_offset"] >= page["total"] or page["next_offset"] <= offset:
+                return out
+            offset = page["next_offset"]
+
+    def _plan_superbatches(self, job: Job) -> None:
+        """Packs the job's SuperBatches (once: the partition list never changes) and
+        makes pending every one that the output does not hold and no worker has. Runs
+        again after a rescan (a lost worker, a takeover, a shortfall at the end)."""
+        if job.cursor >= job.total:
+            return
+        if job.superbatches is None:
+            partitions = self._pages(job, "ReadPartitions", "partitions")
+            try:
+                packed = pack([(name, size) for name, size in partitions], job.params["b_min"], job.params["n_max"])
+            except ValueError as e:
+                raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
+            job.superbatches = {sb.id: {"seq_id": sb.id, "slices": [[s.partition, s.start, s.end] for s in sb.slices],
+                                        "size": sb.size} for sb in packed}
+        done = set(self._pages(job, "ReadManifest", "ids"))
+        job.pending = deque(sb for sid, sb in job.superbatches.items() if sid not in done and sid not in job.placed)
+        job.pending_ids = {sb["seq_id"] for sb in job.pending}
+        job.cursor = job.total
+
+    def _place_superbatches(self, job: Job, workers: dict) -> None:
+        """Gives each worker that hosts the job's encoder SuperBatches up to the bound
+        in flight: the corpus streams through, never buffered whole anywhere."""
+        fingerprint = job.params["encoder"]["fingerprint"]
+        hosts = {wid: w for wid, w in workers.items() if w.info.get("encoder") == fingerprint}
+        if not hosts:
+            if not job.detail.get("waiting_for_encoder"):
+                log.warning("[job] %s: no worker hosts encoder %s (%s); waiting", job.job_id, fingerprint,
+                            job.params["encoder"].get("name"))
+                job.detail["waiting_for_encoder"] = True
+            return
+        job.detail.pop("waiting_for_encoder", None)
+        in_flight = {wid: 0 for wid in hosts}
+        for other in self.jobs.values():
+            if other.embedding:
+                for wid in other.placed.values():
+                    if wid in in_flight:
+                        in_flight[wid] += 1
+        for wid in sorted(hosts, key=lambda w: in_flight[w]):
+            room = self.superbatches_in_flight - in_flight[wid]
+            if room <= 0 or not job.pending:
+                continue
+            batch = [job.pending.popleft() for _ in range(min(room, len(job.pending)))]
+            try:
+                self._call(hosts[wid].info["address"], "AssignSuperBatches", {
+                    "epoch": self.election.epoch, "job_id": job.job_id, "storage": job.storage, "report_to": self.advertise,
+                    "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in batch],
+                    "encoder": fingerprint, "vector_dtype": job.params.get("vector_dtype", "float32")})
+            except ProtocolError as e:
+                log.warning("[place] %d SuperBatches to %s failed (%s); they stay pending", len(batch), wid, e)
+                job.pending.extendleft(reversed(batch))
+                continue
+            for sb in batch:
+                job.placed[sb["seq_id"]] = wid
+                job.pending_ids.discard(sb["seq_id"])
 
     def _finish_if_done(self, job: Job) -> None:
         """Done when nothing is left to read, pending or placed, and storage holds a
@@ -480,10 +596,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("scheduler", etcd_required=True)
     ap.add_argument("--no-steal", action="store_true",
                     help="never move sequences from a loaded worker to an idle one (work stealing is on by default)")
+    ap.add_argument("--superbatches-in-flight", type=int, default=DEFAULT_SUPERBATCHES_IN_FLIGHT,
+                    help="SuperBatches of embedding jobs a worker holds at once (its memory bound: this many "
+                         "times B_min + n_max texts)")
     args = ap.parse_args(argv)
+    if args.superbatches_in_flight < 1:
+        ap.error("--superbatches-in-flight must be at least 1")
     node_id = args.node_id or f"scheduler-{os.getpid()}"
     start_logging("scheduler", node_id)
-    node = SchedulerNode(node_id, args.etcd, args.cluster, steal=not args.no_steal, bind=args.bind,
+    node = SchedulerNode(node_id, args.etcd, args.cluster, steal=not args.no_steal,
+                         superbatches_in_flight=args.superbatches_in_flight, bind=args.bind,
                          advertise=args.advertise)
     return run_node(node, args.metrics_port)
 

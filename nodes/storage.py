@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 from shoal.generate_input import InputError
 from shoal.nodes.checkpoint_store import CheckpointStore
+from shoal.nodes.embedding_jobs import EmbeddingJobs
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
@@ -61,12 +62,15 @@ class StorageNode(Node):
         self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
+        self.embedding = EmbeddingJobs(self.dir)
         super().__init__(node_id, **kw)
+        self.embedding.counters = self.counters
 
     def handler_table(self) -> dict:
         return {"WriteResults": self.on_write_results, "WriteCheckpoints": self.on_write_checkpoints, "Subscribe": self.on_subscribe,
                 "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input,
-                "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count}
+                "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count,
+                **self.embedding.handlers()}
 
     def _fence(self, epoch: int) -> None:
         try:
@@ -91,12 +95,15 @@ class StorageNode(Node):
         jobs = []
         for rec in self.job_log.jobs.values():
             rl = self._log(rec["job_id"], create=False)
-            jobs.append({**rec, "done": len(rl), "failed": rl.failed})
+            texts = self.embedding.texts_done(rec["job_id"])  # an embedding job's progress is its output
+            jobs.append({**rec, "done": len(rl) if texts is None else texts, "failed": rl.failed})
         return encode("JobList", {"jobs": jobs}, reply_to=msg.id)
 
     def on_result_count(self, msg: Message):
         rl = self._log(msg["job_id"], create=False)
-        return encode("ResultCount", {"job_id": msg["job_id"], "records": len(rl), "failed": rl.failed}, reply_to=msg.id)
+        texts = self.embedding.texts_done(msg["job_id"])
+        return encode("ResultCount", {"job_id": msg["job_id"], "records": len(rl) if texts is None else texts,
+                                      "failed": rl.failed}, reply_to=msg.id)
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -235,7 +242,11 @@ class StorageNode(Node):
         for store in self.checkpoints.values():
             store.close()
         self.job_log.close()
+        self.embedding.close()
         super().close()
+
+    def stats(self) -> dict:
+        return {**super().stats(), "highwater": dict(self.embedding.highwater)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,11 +37,12 @@ UPLOAD_CHUNK = _declare(M("UploadChunk", "One chunk of a large job input (JSONL 
 UPLOAD_ACK = _declare(M("UploadAck", "The chunk is on storage's disk.", (
     F("upload_id", "str"), F("index", "int"), F("bytes", "int", 0))))
 JOB_ACCEPTED = _declare(M("JobAccepted", "The job is durably recorded; duplicate=True if the key was seen before.", (
-    F("job_id", "str"), F("job_key", "str"), F("total", "int", 0), F("duplicate", "bool", False))))
+    F("job_id", "str"), F("job_key", "str"), F("total", "int", 0), F("duplicate", "bool", False),
+    F("detail", "dict", dict))))
 JOB_STATUS_QUERY = _declare(M("JobStatusQuery", "Ask for a job's status.", (F("job_id", "str"),)))
 JOB_STATUS = _declare(M("JobStatus", "A job's state and counts.", (
     F("job_id", "str"), F("state", "str"), F("total", "int", 0), F("done", "int", 0), F("failed", "int", 0),
-    F("tokens_per_s", "float", 0.0))))
+    F("tokens_per_s", "float", 0.0), F("detail", "dict", dict))))
 SUBSCRIBE = _declare(M("Subscribe", "Stream a job's results from an offset (resumable).", (
     F("job_id", "str"), F("offset", "int", 0))))
 RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `offset` in its result log.", (
@@ -128,3 +129,37 @@ WRITE_RESULTS = _declare(M("WriteResults", "Result records to persist; first wri
     F("job_id", "str"), F("records", "list"))))
 WRITE_ACK = _declare(M("WriteAck", "Records are durable (after group commit).", (
     F("job_id", "str"), F("written", "int"), F("duplicates", "int", 0))))
+
+# -- bulk embedding: SuperBatches (protocol 1.4) ----------------------------------------------
+INGEST_CORPUS = _declare(M("IngestCorpus", "Read and store an embedding job's corpus (files storage can read) and open its "
+                           "output directory, whose manifest must match `header` (encoder, dim, dtype).", (
+    F("epoch", "int"), F("job_id", "str"), F("corpus", "dict"), F("output", "str"), F("header", "dict"))))
+CORPUS_READY = _declare(M("CorpusReady", "The corpus is stored: texts, partitions, bad rows skipped (the first few "
+                          "named), empty partitions, and texts the output already holds.", (
+    F("job_id", "str"), F("total", "int"), F("partitions", "int"), F("skipped", "int", 0),
+    F("errors", "list", list), F("empty", "list", list), F("done", "int", 0))))
+READ_PARTITIONS = _declare(M("ReadPartitions", "A page of an embedding job's partition list ([name, size], stored order).", (
+    F("job_id", "str"), F("offset", "int", 0), F("limit", "int", 4096))))
+PARTITION_PAGE = _declare(M("PartitionPage", "Partitions from `offset`; read on from next_offset until it reaches total.", (
+    F("job_id", "str"), F("partitions", "list"), F("next_offset", "int"), F("total", "int"))))
+READ_MANIFEST = _declare(M("ReadManifest", "A page of the SuperBatch ids an embedding job's output holds.", (
+    F("job_id", "str"), F("offset", "int", 0), F("limit", "int", 8192))))
+MANIFEST_PAGE = _declare(M("ManifestPage", "SuperBatch ids from `offset` in manifest order.", (
+    F("job_id", "str"), F("ids", "list[str]"), F("next_offset", "int"), F("total", "int"))))
+ASSIGN_SUPERBATCHES = _declare(M("AssignSuperBatches", "SuperBatches ({id, slices: [[partition, start, end]]}) for a "
+                                 "worker to embed; texts come from `storage`; idempotent on the ids.", (
+    F("epoch", "int"), F("job_id", "str"), F("superbatches", "list"), F("storage", "str"), F("report_to", "str", ""),
+    F("encoder", "str"), F("vector_dtype", "str", "float32"))))
+READ_TEXTS = _declare(M("ReadTexts", "The texts of an embedding job's rows, slice by slice ([[partition, start, end]]).", (
+    F("job_id", "str"), F("slices", "list"))))
+TEXTS = _declare(M("Texts", "Rows as an Arrow IPC table (id, text), in slice order.", (
+    F("job_id", "str"), F("count", "int")), blobs=("table",), required_blobs=("table",)))
+WRITE_EMBEDDINGS = _declare(M("WriteEmbeddings", "One SuperBatch's vectors as an Arrow IPC table (id, partition, row, "
+                              "vector); storage writes it atomically and records it in the manifest, once.", (
+    F("job_id", "str"), F("superbatch", "dict"), F("encoder", "str"), F("truncated", "int", 0)),
+    blobs=("table",), required_blobs=("table",)))
+EMBEDDINGS_ACK = _declare(M("EmbeddingsAck", "The SuperBatch is in the output (`written` false: it was already).", (
+    F("job_id", "str"), F("id", "str"), F("written", "bool"))))
+CLUSTER_INFO_QUERY = _declare(M("ClusterInfoQuery", "Ask the router for every member of the cluster.", ()))
+CLUSTER_INFO = _declare(M("ClusterInfo", "Every member: {node_id, role, info} (what it published: address, model, "
+                          "encoder, its cost terms).", (F("members", "list"),)))

@@ -67,3 +67,16 @@ def pack(partitions: list[tuple[str, int]], b_min: int, n_max: int) -> list[Supe
     if current:
         out.append(SuperBatch(superbatch_id(current), tuple(current)))
     return out
+
+
+def micro_batches(sorted_lengths: list[int], token_budget: int) -> list[range]:
+    """Cuts texts sorted by length into consecutive micro-batches whose padded size
+    (count × longest) stays within `token_budget` (a text longer than it goes alone)."""
+    out, start, n = [], 0, len(sorted_lengths)
+    while start < n:
+        end = start + 1
+        while end < n and (end + 1 - start) * sorted_lengths[end] <= token_budget:
+            end += 1
+        out.append(range(start, end))
+        start = end
+    return out

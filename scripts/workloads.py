@@ -53,3 +53,47 @@ def ensure_model(path: str) -> None:
 def job_items(work: GenerationWork) -> list[dict]:
     """The work as job input: one item per prompt, with its own output length."""
     return [{"id": i, "prompt_token_ids": p, "max_tokens": n} for i, (p, n) in enumerate(zip(work.prompts, work.output_lens))]
+
+
+def vocabulary_words(encoder_folder: str) -> list[str]:
+    """Whole words of an encoder's WordPiece vocabulary (W2 draws texts from them)."""
+    import json
+    from pathlib import Path
+
+    vocab = json.loads((Path(encoder_folder) / "tokenizer.json").read_text())["model"]["vocab"]
+    return sorted(w for w in vocab if w.isalpha() and w.isascii() and len(w) > 1)
+
+
+def w2_partition_sizes(texts: int, partitions: int, sigma: float, seed: int = 0) -> list[int]:
+    """Log-normal partition sizes with shape σ, scaled to `texts` in all (each >= 1)."""
+    r = random.Random(seed)
+    raw = [r.lognormvariate(0.0, sigma) for _ in range(partitions)]
+    scale = (texts - partitions) / sum(raw)
+    sizes = [1 + int(x * scale) for x in raw]
+    sizes[max(range(partitions), key=lambda i: sizes[i])] += texts - sum(sizes)
+    return sizes
+
+
+def w2_texts(words: list[str], n: int, seed: int = 0) -> list[str]:
+    """W2 texts: vocabulary words, lengths log-normal with median ~20 words, in [3, 250]."""
+    r = random.Random(seed)
+    return [" ".join(r.choice(words) for _ in range(min(250, max(3, int(r.lognormvariate(3.0, 0.6))))))
+            for _ in range(n)]
+
+
+def write_w2_corpus(folder, texts: list[str], sizes: list[int]) -> list[str]:
+    """One JSONL file per partition (the input of `shoal embed`); returns the paths."""
+    from pathlib import Path
+
+    import orjson
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, i = [], 0
+    for p, size in enumerate(sizes):
+        path = folder / f"part-{p:05d}.jsonl"
+        path.write_bytes(b"".join(orjson.dumps({"id": f"{p}-{k}", "text": t}) + b"\n"
+                                  for k, t in enumerate(texts[i:i + size])))
+        i += size
+        paths.append(str(path))
+    return paths

@@ -253,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
     g.set_defaults(fn=cmd_generate)
 
+    from shoal.embed_cli import add_parser as add_embed
+
+    add_embed(sub)
+
     k = sub.add_parser("keys", help="CURVE keys for a cluster")
     k.add_argument("action", choices=["generate"])
     k.add_argument("dir", help="directory for the cluster keypair")
@@ -316,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     from shoal.generate_input import InputError
+    from shoal.rpc import RemoteError
     from shoal.sampling import RequestError
 
     import logging
@@ -323,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
+    except RemoteError as e:  # the cluster refused the job: its message names the problem
+        print(f"shoal {args.cmd}: error: {e.message}", file=sys.stderr)
+        return 2
     except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError, FileExistsError) as e:
         print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
         return 2

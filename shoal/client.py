@@ -26,6 +26,7 @@ class Job:
         self.client = client
         self.id = job_id
         self.total = total
+        self.detail: dict = {}  # what the cluster found in the input (an embedding job's bad rows, ...)
 
     def status(self) -> dict:
         return self.client._request("JobStatusQuery", {"job_id": self.id}).fields
@@ -50,6 +51,20 @@ class Job:
 
     def cancel(self) -> dict:
         return self.client._request("CancelJob", {"job_id": self.id}).fields
+
+    def wait_until_done(self, poll: float = 0.5, timeout: float | None = None, on_status=None) -> dict:
+        """Polls the job's status until it is no longer running (an embedding job has
+        no result stream: its output is the directory); `on_status(status)` sees each."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if on_status is not None:
+                on_status(st)
+            if st["state"] != "running":
+                return st
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError(f"job {self.id}: {st['done']} of {st['total']} after {timeout}s")
+            time.sleep(poll)
 
 
 INLINE_BYTES = 1 << 20  # a larger input is uploaded in chunks, never sent as one message
@@ -107,6 +122,39 @@ class Client:
                     raise
                 time.sleep(min(0.2 * (attempt + 1), 2.0))
         raise AssertionError("unreachable")
+
+    def embed(self, inputs: list[str], output: str, encoder: str | dict, partition_by: str = "", b_min: int = 1024,
+              n_max: int = 1024, vector_dtype: str = "float32", on_error: str = "fail", text_field: str = "text",
+              id_field: str = "id", job_key: str | None = None) -> Job:
+        """Embeds a corpus: JSONL or Parquet files the storage node can read, one
+        partition per file or per value of `partition_by`, into Parquet files under
+        `output` (one per SuperBatch, with a manifest; read them with
+        `shoal.embeddings.EmbeddingSet`). `encoder` is the encoder's folder (or
+        `describe_encoder` of it): the workers must host the same one.
+
+        The job key defaults to one derived from the inputs, output, encoder and
+        settings, so the same call again continues the same job, and a new job over the
+        same output skips every SuperBatch it already holds."""
+        from shoal.corpus_reader import CorpusSpec
+        from shoal.nodes.worker.models.encoder_config import describe_encoder
+
+        info = encoder if isinstance(encoder, dict) else describe_encoder(encoder)
+        corpus = CorpusSpec(tuple(str(Path(p).resolve()) for p in inputs), partition_by, text_field, id_field,
+                            on_error).to_dict()
+        params = {"corpus": corpus, "output": str(Path(output).resolve()), "b_min": b_min, "n_max": n_max,
+                  "vector_dtype": vector_dtype,
+                  "encoder": {k: info[k] for k in ("name", "dim", "fingerprint")}}
+        key = job_key or "embed-" + hashlib.blake2b(orjson.dumps(params, option=orjson.OPT_SORT_KEYS),
+                                                    digest_size=10).hexdigest()
+        reply = self._request("SubmitJob", {"job_key": key, "program": "embed", "params": params},
+                              timeout=max(self.timeout, 600.0))
+        job = Job(self, reply["job_id"], reply["total"])
+        job.detail = reply["detail"]
+        return job
+
+    def cluster_info(self) -> list[dict]:
+        """Every member of the cluster: {node_id, role, info} as it published them."""
+        return self._request("ClusterInfoQuery", {})["members"]
 
     def drain(self, node_id: str) -> dict:
         """Empties a worker: it takes no new work, its sequences move to the others,

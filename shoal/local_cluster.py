@@ -18,17 +18,20 @@ from shoal.node_process import spawn_node, terminate_pids
 
 
 class LocalCluster:
-    def __init__(self, model: str | Path, workers: int = 1, state_dir: str | Path | None = None,
+    def __init__(self, model: str | Path | None = None, workers: int = 1, state_dir: str | Path | None = None,
                  cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
-                 scheduler_args: list[str] | None = None):
+                 scheduler_args: list[str] | None = None, encoder: str | Path | None = None):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
         etcd and every node listen on `host`; `scheduler_args` go to every scheduler
-        (e.g. `--no-steal`)."""
-        self.model, self.workers, self.cluster, self.dtype, self.policy = str(model), workers, cluster, dtype, policy
+        (e.g. `--no-steal`). Workers host the decoder `model`, the `encoder`, or both."""
+        if model is None and encoder is None:
+            raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
+        self.encoder = str(encoder) if encoder else None
+        self.model, self.workers, self.cluster, self.dtype, self.policy = model and str(model), workers, cluster, dtype, policy
         self.worker_threads, self.schedulers, self.env = worker_threads, schedulers, env
         self.worker_args = worker_args or []
         self.scheduler_args = scheduler_args or []
@@ -53,9 +56,13 @@ class LocalCluster:
         return address
 
     def _worker_args(self, name: str) -> list[str]:
-        args = ["shoal.nodes.worker.worker_node", "--model", self.model, "--dtype", self.dtype,
+        args = ["shoal.nodes.worker.worker_node", "--dtype", self.dtype,
                 "--policy", self.policy, "--node-id", name, "--etcd", self.etcd.endpoint,
                 "--cluster", self.cluster, *self.worker_args]
+        if self.model:
+            args[1:1] = ["--model", self.model]
+        if self.encoder:
+            args += ["--encoder", self.encoder]
         if self.worker_threads:
             args += ["--threads", str(self.worker_threads)]
         return args

