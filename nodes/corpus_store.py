@@ -98,6 +98,13 @@ class CorpusStore:
             self._open[job_id] = Corpus(folder)
         return self._open[job_id]
 
+    def remove(self, job_id: str) -> None:
+        """Deletes a job's stored corpus (a job refused after its corpus was read)."""
+        import shutil
+
+        self._open.pop(job_id, None)
+        shutil.rmtree(self.folder(job_id), ignore_errors=True)
+
     def ingest(self, job_id: str, spec: CorpusSpec) -> Corpus:
         """Reads and stores a job's corpus once (a retried ingest finds it stored)."""
         known = self.get(job_id)
@@ -105,6 +112,13 @@ class CorpusStore:
             return known
         folder = self.folder(job_id)
         folder.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._ingest(job_id, spec, folder)
+        except BaseException:  # a refused input leaves nothing behind
+            self.remove(job_id)
+            raise
+
+    def _ingest(self, job_id: str, spec: CorpusSpec, folder: Path) -> Corpus:
         report = CorpusReport()
         index: dict[str, int] = {}
         counts: list[int] = []

@@ -110,12 +110,14 @@ class EmbeddingJobs:
             raise _bad("an embedding job needs an output directory")
         try:
             corpus = self.corpora.ingest(job_id, CorpusSpec.from_dict(msg["corpus"]))
-            header["corpus"] = corpus.meta["fingerprint"]
-            output = self._open_output(msg["output"], header, [list(p) for p in corpus.partitions])
-        except (InputError, OutputMismatch) as e:
+        except InputError as e:
             raise _bad(str(e)) from None
-        except OSError as e:
-            raise _bad(f"output {msg['output']}: {e.strerror or e}") from None
+        header["corpus"] = corpus.meta["fingerprint"]
+        try:
+            output = self._open_output(msg["output"], header, [list(p) for p in corpus.partitions])
+        except (OutputMismatch, OSError) as e:  # the job is refused: its copy of the corpus goes too
+            self.corpora.remove(job_id)
+            raise _bad(str(e) if isinstance(e, OutputMismatch) else f"output {msg['output']}: {e.strerror or e}") from None
         self.outputs[job_id] = output
         _fsync_write(corpus.folder / "output.json", orjson.dumps({"dir": str(Path(msg["output"]).resolve()),
                                                                    "header": header}))

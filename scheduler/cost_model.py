@@ -2,8 +2,10 @@
 
 One object for a (model, dtype, device): a prefill step of L tokens costs
 `α_p + β_p·L`, a decode step of k sequences `α_d + β_d·k`, and MB's effective cost per
-token at decode share r is `β_MB(r) = a + b·r + c·r²`. A later encoder term adds fields
-here, not a second model. The serialized form (`to_dict`) is what workers publish and
+token at decode share r is `β_MB(r) = a + b·r + c·r²`. The encoder's terms (a per
+micro-batch, c per padded token, t_call per SuperBatch) are calibrated per encoder and
+live in `embed_prediction.EncoderCost` for now, since a worker may host an encoder
+without a decoder; the heterogeneous step planner (issue 8) joins them here. The serialized form (`to_dict`) is what workers publish and
 cache; `validate` rejects fits that cannot be trusted.
 """
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from shoal.scheduler.superbatch import micro_batches, pack
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches, pack
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class EmbedPrediction:
 
 
 def predict(lengths: dict[str, list[int]], b_min: int, n_max: int, cost: EncoderCost,
-            token_budget: int = 8192) -> EmbedPrediction:
+            token_budget: int = DEFAULT_TOKEN_BUDGET) -> EmbedPrediction:
     """`lengths`: partition -> token length of each of its texts, in stored order."""
     names = list(lengths)
     sizes = [len(lengths[n]) for n in names]

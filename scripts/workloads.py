@@ -69,8 +69,11 @@ def w2_partition_sizes(texts: int, partitions: int, sigma: float, seed: int = 0)
     r = random.Random(seed)
     raw = [r.lognormvariate(0.0, sigma) for _ in range(partitions)]
     scale = (texts - partitions) / sum(raw)
-    sizes = [1 + int(x * scale) for x in raw]
-    sizes[max(range(partitions), key=lambda i: sizes[i])] += texts - sum(sizes)
+    exact = [x * scale for x in raw]
+    sizes = [1 + int(x) for x in exact]
+    by_fraction = sorted(range(partitions), key=lambda i: int(exact[i]) - exact[i])  # largest remainders first
+    for i in by_fraction[:texts - sum(sizes)]:
+        sizes[i] += 1
     return sizes
 
 

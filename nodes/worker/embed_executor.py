@@ -7,9 +7,11 @@ thread, and each operation gets its vectors back in its own order.
 
 from __future__ import annotations
 
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
+
 
 class EmbedExecutor:
-    def __init__(self, encoder, token_budget: int = 8192):
+    def __init__(self, encoder, token_budget: int = DEFAULT_TOKEN_BUDGET):
         self.encoder, self.token_budget = encoder, token_budget
         self._queued: list = []  # (key, texts)
 

@@ -21,15 +21,17 @@ import torch
 from shoal.env import state_dir
 from shoal.nodes.worker.calibration import device_name
 from shoal.scheduler.least_squares import fit_polynomial
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
 
 log = logging.getLogger(__name__)
 
-GRID = [(b, n) for n in (16, 48, 128) for b in (1, 8, 32)]
+GRID = [(b, n) for n in (16, 48, 128) for b in (1, 8, 32) if b * n <= DEFAULT_TOKEN_BUDGET]
+VERSION = 2
 
 
 def cache_path(encoder, root: Path | None = None) -> Path:
     dtype = str(encoder.w["embeddings.word_embeddings.weight"].dtype).removeprefix("torch.")
-    key = f"encoder-{encoder.fingerprint}-{dtype}-{device_name()}"
+    key = f"encoder-{encoder.fingerprint}-{dtype}-{device_name()}-v{VERSION}"
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
     return (root or state_dir()) / "calibration" / f"{safe}.json"
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shoal.scheduler.superbatch import micro_batches
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class SuperBatchWork:
 
 
 class SuperBatchRunner:
-    def __init__(self, encoder, fetch, token_budget: int = 8192, counters=None):
+    def __init__(self, encoder, fetch, token_budget: int = DEFAULT_TOKEN_BUDGET, counters=None):
         """`fetch(job_id, slices)` -> [(id, text), ...] in slice order (retries inside)."""
         self.encoder, self.fetch, self.token_budget = encoder, fetch, token_budget
         self.counters = counters if counters is not None else collections.Counter()
@@ -160,6 +160,9 @@ class SuperBatchRunner:
         self.counters["embed.texts"] += work.size
         self.counters["embed.truncated"] += work.truncated
         self.counters["embed.superbatches"] += 1
+        self.counters["embed.encode_ms"] += int(work.encode_s * 1000)
+        log.info("[embed] %s: %d texts in %d micro-batches encoded in %.2fs (%.0f texts/s)", work.id, work.size,
+                 len(work.batches), work.encode_s, work.size / max(work.encode_s, 1e-9))
         blob = vectors_ipc(work)
         work.tokens = work.out = None  # only the table travels on
         return [(work, blob)]

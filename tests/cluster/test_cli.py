@@ -83,3 +83,30 @@ def test_parquet_input_and_output(tiny_model, tmp_path):
         cmp = compare_outputs(got[r["id"]]["token_ids"], ref.token_ids, [ref.margins])
         assert cmp, f"{r['id']}: {cmp.detail}"
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_embed_cli_predicts_runs_and_reports_bad_rows(tiny_encoder, tmp_path):
+    """`shoal embed --dry-run` prints the cost model's prediction and stops; a run with
+    --on-error skip names the bad row, embeds the rest, and compares its prediction
+    with what it measured; a run with the default --on-error fail stops before anything."""
+    from shoal.embeddings import EmbeddingSet
+
+    (tmp_path / "a.jsonl").write_bytes(b"".join(orjson.dumps({"id": f"a{i}", "text": "word " * (i + 1)}) + b"\n"
+                                                for i in range(30)))
+    (tmp_path / "b.jsonl").write_bytes(b'{"id": "b0", "text": "fine"}\n{"id": "b1", "text": 7}\n{"text": "last"}\n')
+    inputs = ["--input", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    common = ["embed", "--encoder", str(tiny_encoder), *inputs, "--output", str(tmp_path / "out"),
+              "--b-min", "8", "--n-max", "8"]
+    res = run_cli(*common, "--dry-run", "--on-error", "skip")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "prediction: 32 texts in 2 partitions" in res.stderr and "SuperBatches: predicted" in res.stderr
+    assert not (tmp_path / "out").exists()
+    res = run_cli(*common)
+    assert res.returncode == 2 and "b.jsonl:line 2: 'text' must be a string, got int" in res.stderr
+    res = run_cli(*common, "--on-error", "skip")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "skipped 1 bad rows" in res.stderr and "b.jsonl:line 2" in res.stderr
+    assert f"embeddings: {tmp_path / 'out'}  (32 texts, 32 embedded now" in res.stdout
+    assert "predicted" in res.stdout and "measured" in res.stdout
+    out = EmbeddingSet(tmp_path / "out")
+    assert out.missing() == {} and out.matrix("b")[0] == ["b0", "b:3"]

@@ -70,6 +70,7 @@ def test_bad_rows_stop_the_job_or_are_skipped_and_reported(tmp_path):
     path.write_bytes(b'{"text": "fine"}\n{not json\n\n[1, 2]\n{"text": 5}\n{"text": "ok", "id": [1]}\n{"text": "last"}\n')
     with pytest.raises(InputError, match=r"bad.jsonl:line 2: not valid JSON"):
         CorpusStore(tmp_path / "s1").ingest("j1", CorpusSpec((str(path),)))
+    assert not (tmp_path / "s1" / "jobs" / "j1" / "corpus").exists()  # a refused input leaves nothing
     corpus = CorpusStore(tmp_path / "s2").ingest("j1", CorpusSpec((str(path),), on_error="skip"))
     assert corpus.total == 2 and corpus.meta["skipped"] == 4
     assert [e.split(": ", 1)[0].rsplit("/", 1)[1] for e in corpus.meta["errors"]] == \

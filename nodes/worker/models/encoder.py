@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from shoal.scheduler.superbatch import micro_batches
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
 from shoal.nodes.worker.models.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
 
 
@@ -88,7 +88,7 @@ class Encoder:
         out = out.float()
         return F.normalize(out, dim=-1) if cfg.normalize else out
 
-    def encode(self, texts: list[str], token_budget: int = 8192) -> torch.Tensor:
+    def encode(self, texts: list[str], token_budget: int = DEFAULT_TOKEN_BUDGET) -> torch.Tensor:
         """Embeddings in input order. Texts are sorted by length and cut into
         micro-batches of at most `token_budget` padded tokens, then put back in order."""
         ids = self.tokenize(texts)
