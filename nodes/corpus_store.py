@@ -29,20 +29,11 @@ import orjson
 
 from shoal.corpus_reader import CorpusReport, CorpusSpec, corpus_rows
 from shoal.generate_input import InputError
-from shoal.nodes.input_store import check_name
+from shoal.nodes.input_store import check_name, write_atomic
 
 ROW = np.dtype([("offset", "<u8"), ("length", "<u4")])
 _ORDER = np.dtype([("offset", "<u8"), ("length", "<u4"), ("partition", "<u4")])
 CHUNK_ROWS = 1 << 16
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class Corpus:
@@ -153,11 +144,11 @@ class CorpusStore:
         order_path.unlink()
         partitions = [[name, counts[i]] for name, i in index.items()]
         digest.update(orjson.dumps(partitions))
-        _fsync_write(folder / "partitions.json", orjson.dumps(partitions))
+        write_atomic(folder / "partitions.json", orjson.dumps(partitions))
         meta = {"total": sum(counts), "partitions": len(partitions), "skipped": report.skipped,
                 "errors": report.errors, "empty": [n for n, c in partitions if c == 0][:20],
                 "fingerprint": digest.hexdigest(), "spec": spec.to_dict()}
-        _fsync_write(folder / "corpus.json", orjson.dumps(meta))
+        write_atomic(folder / "corpus.json", orjson.dumps(meta))
         return self.get(job_id)
 
     @staticmethod

@@ -20,8 +20,8 @@ import orjson
 
 from shoal.corpus_reader import CorpusSpec
 from shoal.generate_input import InputError
-from shoal.nodes.corpus_store import CorpusStore, _fsync_write
-from shoal.nodes.input_store import check_name
+from shoal.nodes.corpus_store import CorpusStore
+from shoal.nodes.input_store import check_name, write_atomic
 from shoal.nodes.embedding_output import VECTOR_DTYPES, EmbeddingOutput, OutputMismatch
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -119,7 +119,7 @@ class EmbeddingJobs:
             self.corpora.remove(job_id)
             raise _bad(str(e) if isinstance(e, OutputMismatch) else f"output {msg['output']}: {e.strerror or e}") from None
         self.outputs[job_id] = output
-        _fsync_write(corpus.folder / "output.json", orjson.dumps({"dir": str(Path(msg["output"]).resolve()),
+        write_atomic(corpus.folder / "output.json", orjson.dumps({"dir": str(Path(msg["output"]).resolve()),
                                                                    "header": header}))
         m = corpus.meta
         log.info("[embed] %s: %d texts in %d partitions stored (%d bad rows skipped); output %s holds %d",

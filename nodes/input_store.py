@@ -35,7 +35,8 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Writes a small file so that it is either wholly there or not at all."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
@@ -57,7 +58,7 @@ class InputStore:
             raise InputError(f"upload {upload_id}: chunk index must be >= 0, got {index}")
         d = self.root / "uploads" / check_name("upload_id", upload_id)
         d.mkdir(parents=True, exist_ok=True)
-        _write_atomic(d / f"{index:08d}.part", data)
+        write_atomic(d / f"{index:08d}.part", data)
 
     def _upload_lines(self, upload_id: str) -> Iterator[bytes]:
         d = self.root / "uploads" / check_name("upload_id", upload_id)
@@ -116,7 +117,7 @@ class InputStore:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, d / "input.jsonl")
-        _write_atomic(d / "input.json", orjson.dumps({"total": total}))
+        write_atomic(d / "input.json", orjson.dumps({"total": total}))
         if upload_id:
             shutil.rmtree(self.root / "uploads" / upload_id, ignore_errors=True)
         return total

@@ -80,17 +80,10 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, object]]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, object]]:
-    import pyarrow.parquet as pq
+    from shoal.generate_input import read_records
 
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several kinds for a file that is not Parquet
-        raise InputError(f"{path}: not a readable Parquet file ({e})") from None
-    n = 0
-    for batch in pf.iter_batches(batch_size=4096):
-        for rec in batch.to_pylist():
-            n += 1
-            yield n, rec
+    for _, n, rec in read_records(path):
+        yield n, rec
 
 
 def check_inputs(spec: CorpusSpec) -> list[Path]:
