@@ -77,6 +77,7 @@ class WorkerNode(Node):
         self.encoder = encoder
         self.superbatches = None  # SuperBatches of embedding jobs, on workers with an encoder
         self.embedded: queue.Queue = queue.Queue()  # (job_id, work, Arrow IPC blob) to store
+        self._reader_clients: dict = {}  # the SuperBatch reader thread's own sockets
         if encoder is not None:
             from shoal.nodes.worker.embed_executor import EmbedExecutor
             from shoal.nodes.worker.superbatch_runner import SuperBatchRunner
@@ -173,7 +174,7 @@ class WorkerNode(Node):
 
         job = self.jobs.get(job_id, {})
         reply = None
-        clients = self._reader_clients = getattr(self, "_reader_clients", {})
+        clients = self._reader_clients
         backoff = 0.1
         while reply is None and not self._stop.is_set():
             to = job.get("storage") or self.storage
