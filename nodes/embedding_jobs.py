@@ -23,6 +23,7 @@ from shoal.generate_input import InputError
 from shoal.nodes.corpus_store import CorpusStore
 from shoal.nodes.input_store import check_name, write_atomic
 from shoal.nodes.embedding_output import VECTOR_DTYPES, EmbeddingOutput, OutputMismatch
+from shoal.protocol.arrow_table import table_from_ipc, table_to_ipc
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 
@@ -31,24 +32,6 @@ log = logging.getLogger(__name__)
 
 def _bad(message: str) -> ProtocolError:
     return ProtocolError(ProtocolError.BAD_INPUT, message)
-
-
-def arrow_ipc(table) -> bytes:
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def read_ipc(data) -> "object":
-    import pyarrow as pa
-
-    try:
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-    except Exception as e:  # pyarrow raises several kinds for bytes that are not a stream
-        raise ProtocolError(ProtocolError.INVALID_FIELD, f"table blob is not an Arrow IPC stream ({e})") from None
 
 
 class EmbeddingJobs:
@@ -158,7 +141,7 @@ class EmbeddingJobs:
         table = pa.table({"id": pa.array([r[0] for r in rows], pa.string()),
                           "text": pa.array([r[1] for r in rows], pa.string())})
         self.counters["embed.texts_read"] += len(rows)
-        return encode("Texts", {"job_id": msg["job_id"], "count": len(rows)}, {"table": arrow_ipc(table)}, reply_to=msg.id)
+        return encode("Texts", {"job_id": msg["job_id"], "count": len(rows)}, {"table": table_to_ipc(table)}, reply_to=msg.id)
 
     def on_write(self, msg: Message):
         output = self.output(msg["job_id"])
@@ -170,7 +153,7 @@ class EmbeddingJobs:
         if msg["encoder"] != output.header["encoder"]:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"vectors of encoder {msg['encoder']} cannot join output "
                                 f"{output.folder}, made with encoder {output.header['encoder']}")
-        table = read_ipc(msg.blobs["table"])
+        table = table_from_ipc(msg.blobs["table"])
         self._check_table(table, output.header, sb)
         written = output.write(sb["id"], sb["slices"], table, int(msg["truncated"]))
         self.highwater["rows_per_write"] = max(self.highwater["rows_per_write"], table.num_rows)

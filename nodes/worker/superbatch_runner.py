@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shoal.protocol.arrow_table import table_to_ipc
 from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
 
 log = logging.getLogger(__name__)
@@ -206,7 +207,4 @@ def vectors_ipc(work: SuperBatchWork) -> bytes:
     table = pa.table({"id": pa.array(work.ids, pa.string()), "partition": pa.array(work.partitions, pa.string()),
                       "row": pa.array(work.rows, pa.int64()),
                       "vector": pa.FixedSizeListArray.from_arrays(flat, out.shape[1] if out.ndim == 2 else 0)})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return table_to_ipc(table)

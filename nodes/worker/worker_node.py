@@ -170,7 +170,7 @@ class WorkerNode(Node):
 
     def _fetch_texts(self, job_id: str, slices: list) -> list:
         """Reader thread: a SuperBatch's (id, text) rows from the job's storage node."""
-        import pyarrow as pa
+        from shoal.protocol.arrow_table import table_from_ipc
 
         job = self.jobs.get(job_id, {})
         reply = None
@@ -187,7 +187,7 @@ class WorkerNode(Node):
                 backoff = min(backoff * 2, 2.0)
         if reply is None:
             return []
-        table = pa.ipc.open_stream(pa.py_buffer(reply.blobs["table"])).read_all()
+        table = table_from_ipc(reply.blobs["table"])
         return list(zip(table["id"].to_pylist(), table["text"].to_pylist()))
 
     def on_migrate(self, msg: Message):
