@@ -104,6 +104,8 @@ class EmbeddingJobs:
         self.outputs[job_id] = output
         write_atomic(corpus.folder / "output.json", orjson.dumps({"dir": str(Path(msg["output"]).resolve()),
                                                                    "header": header}))
+        # The output names its corpus: `shoal index build` takes the passages' texts from it.
+        write_atomic(Path(msg["output"]) / "corpus.json", orjson.dumps({"dir": str(corpus.folder.resolve())}))
         m = corpus.meta
         log.info("[embed] %s: %d texts in %d partitions stored (%d bad rows skipped); output %s holds %d",
                  job_id, m["total"], m["partitions"], m["skipped"], msg["output"], output.rows)

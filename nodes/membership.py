@@ -111,6 +111,13 @@ class Registration:
     def alive(self) -> bool:
         return time.monotonic() < self.deadline
 
+    def publish(self, **fields) -> None:
+        """Adds to (or changes) what this node published, under the same lease: e.g.
+        the index shards a storage node has loaded."""
+        self.info = {**self.info, **fields}
+        if self.lease is not None:
+            self.client.put(self.key, orjson.dumps({**self.info, "incarnation": self.incarnation}), lease=self.lease)
+
     def _keep_alive(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:

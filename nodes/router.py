@@ -54,7 +54,7 @@ class RouterNode(AsyncNode):
         return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
                 "Subscribe": self.on_subscribe, "CancelJob": self.on_cancel,
                 "UploadChunk": self.on_upload_chunk, "DrainNode": self.on_ops, "MigrateRequest": self.on_ops,
-                "ClusterInfoQuery": self.on_cluster_info}
+                "ClusterInfoQuery": self.on_cluster_info, "LoadIndex": self.on_load_index}
 
     async def on_cluster_info(self, msg: Message):
         """Every member and what it published (address, model, encoder and its cost
@@ -62,6 +62,37 @@ class RouterNode(AsyncNode):
         members = [{"node_id": m.node_id, "role": m.role, "info": m.info}
                    for m in sorted(self.view.snapshot().values(), key=lambda m: (m.role, m.node_id))]
         return encode("ClusterInfo", {"members": members}, reply_to=msg.id)
+
+    async def on_load_index(self, msg: Message):
+        """Loads an index's shards onto storage nodes (`replicas` each, placed by
+        `scheduler/shard_placement.py`), all at once; replies when every one is loaded
+        and published, so a job submitted next finds them."""
+        from shoal.scheduler.shard_placement import PlacementError, place_shards
+        from shoal.vector_index import IndexError_, read_manifest
+
+        try:
+            meta = await asyncio.to_thread(read_manifest, msg["path"])
+        except IndexError_ as e:
+            raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
+        storage = self.view.snapshot("storage")
+        load = {n: sum(len(i.get("shards", ())) for i in m.info.get("indexes", {}).values()) for n, m in storage.items()}
+        held: dict[int, set] = {}
+        for n, m in storage.items():
+            for shard in m.info.get("indexes", {}).get(msg["name"], {}).get("shards", ()):
+                held.setdefault(shard, set()).add(n)
+        try:
+            placement = place_shards(len(meta["shards"]), sorted(storage), msg["replicas"], load, held)
+        except PlacementError as e:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
+        loads = [(n, shard) for shard, nodes in enumerate(placement) for n in nodes]
+        replies = await asyncio.gather(*(self._forward(storage[n].info["address"], Message(
+            "LoadIndexShard", {"name": msg["name"], "path": msg["path"], "shard": shard}), timeout=INGEST_TIMEOUT_S)
+            for n, shard in loads))
+        ids = {r["index_id"] for r in replies}
+        log.info("[index] %s loaded from %s: %d shards on %s", msg["name"], msg["path"], len(placement), placement)
+        return encode("IndexLoaded", {"name": msg["name"], "index_id": ids.pop() if len(ids) == 1 else "",
+                                      "placement": placement, "rows": meta["rows"], "dim": meta["dim"],
+                                      "encoder": meta["encoder"]}, reply_to=msg.id)
 
     def _client(self, address: str) -> AsyncRpcClient:
         if address not in self.clients:

@@ -21,6 +21,7 @@ import orjson
 from shoal.generate_input import InputError
 from shoal.nodes.checkpoint_store import CheckpointStore
 from shoal.nodes.embedding_jobs import EmbeddingJobs
+from shoal.nodes.index_service import IndexService
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
@@ -63,14 +64,17 @@ class StorageNode(Node):
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
         self.embedding = EmbeddingJobs(self.dir)
-        super().__init__(node_id, **kw)
-        self.embedding.counters = self.counters
+        self.indexes = IndexService(self.dir, None)
+        super().__init__(node_id, info={"indexes": self.indexes.published()}, **kw)
+        self.embedding.counters = self.indexes.counters = self.counters
+        if self.registration is not None:
+            self.indexes.publish = lambda indexes: self.registration.publish(indexes=indexes)
 
     def handler_table(self) -> dict:
         return {"WriteResults": self.on_write_results, "WriteCheckpoints": self.on_write_checkpoints, "Subscribe": self.on_subscribe,
                 "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input,
                 "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count,
-                **self.embedding.handlers()}
+                **self.embedding.handlers(), **self.indexes.handlers()}
 
     def _fence(self, epoch: int) -> None:
         try:

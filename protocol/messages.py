@@ -163,3 +163,21 @@ EMBEDDINGS_ACK = _declare(M("EmbeddingsAck", "The SuperBatch is in the output (`
 CLUSTER_INFO_QUERY = _declare(M("ClusterInfoQuery", "Ask the router for every member of the cluster.", ()))
 CLUSTER_INFO = _declare(M("ClusterInfo", "Every member: {node_id, role, info} (what it published: address, model, "
                           "encoder, its cost terms).", (F("members", "list"),)))
+
+# -- vector indexes (1.5): client -> router -> storage; worker -> storage ------------------
+LOAD_INDEX = _declare(M("LoadIndex", "Load an index (`shoal index build` output at `path`, readable by the storage "
+                        "nodes) under `name`, each shard on `replicas` storage nodes.", (
+    F("name", "str"), F("path", "str"), F("replicas", "int", 1))))
+INDEX_LOADED = _declare(M("IndexLoaded", "Where each shard of the index is loaded: placement[shard] = [node_id, ...].", (
+    F("name", "str"), F("index_id", "str"), F("placement", "list"), F("rows", "int"), F("dim", "int"),
+    F("encoder", "str"))))
+LOAD_INDEX_SHARD = _declare(M("LoadIndexShard", "Load shard `shard` of the index at `path` under `name`; idempotent.", (
+    F("name", "str"), F("path", "str"), F("shard", "int"))))
+INDEX_SHARD_LOADED = _declare(M("IndexShardLoaded", "The shard is loaded and published in this node's membership.", (
+    F("name", "str"), F("index_id", "str"), F("shard", "int"), F("rows", "int"))))
+SEARCH_INDEX = _declare(M("SearchIndex", "Exact top-k of one shard for a batch of queries (blob: float32 [count, dim], "
+                          "row-major); `index_id` guards against another version loaded under the same name.", (
+    F("name", "str"), F("index_id", "str"), F("shard", "int"), F("k", "int"), F("count", "int")),
+    blobs=("queries",), required_blobs=("queries",)))
+SEARCH_RESULTS = _declare(M("SearchResults", "Per query, up to k hits {id, score, text}, best first (score, then id).", (
+    F("name", "str"), F("shard", "int"), F("hits", "list"))))

@@ -257,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_embed(sub)
 
+    from shoal.rag_cli import add_parsers as add_rag
+
+    add_rag(sub)
+
     k = sub.add_parser("keys", help="CURVE keys for a cluster")
     k.add_argument("action", choices=["generate"])
     k.add_argument("dir", help="directory for the cluster keypair")

@@ -152,6 +152,14 @@ class Client:
         job.detail = reply["detail"]
         return job
 
+    def load_index(self, path: str, name: str = "default", replicas: int = 1) -> dict:
+        """Loads an index (`shoal index build` output; the storage nodes read it at
+        `path`) under `name`, each shard on `replicas` storage nodes; returns
+        {name, index_id, placement, rows, dim, encoder} once every shard is loaded.
+        Loading the same index again is a no-op; another one under the name replaces it."""
+        return self._request("LoadIndex", {"name": name, "path": str(Path(path).resolve()), "replicas": replicas},
+                             timeout=max(self.timeout, 600.0)).fields
+
     def cluster_info(self) -> list[dict]:
         """Every member of the cluster: {node_id, role, info} as it published them."""
         return self._request("ClusterInfoQuery", {})["members"]

@@ -51,6 +51,12 @@ class ItemChecker:
         if self.program == "generate":
             return self.check(rec, where, place).to_record()
         self._check_id(rec, where, place)
+        if self.program == "ircot":
+            from shoal.ircot import check_item
+
+            problem = check_item(rec, where)
+            if problem:
+                raise InputError(problem)
         if not isinstance(rec.get("args", {}), dict):
             raise InputError(f"{where}: args must be an object (the program's keyword arguments)")
         return rec

@@ -22,12 +22,14 @@ class LocalCluster:
                  cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
-                 scheduler_args: list[str] | None = None, encoder: str | Path | None = None):
+                 scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
         etcd and every node listen on `host`; `scheduler_args` go to every scheduler
-        (e.g. `--no-steal`). Workers host the decoder `model`, the `encoder`, or both."""
+        (e.g. `--no-steal`). Workers host the decoder `model`, the `encoder`, or both.
+        `storage_nodes` > 1 starts more storage nodes (index shards spread over them;
+        jobs keep their results on storage-0, the smallest id)."""
         if model is None and encoder is None:
             raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
         self.encoder = str(encoder) if encoder else None
@@ -36,6 +38,7 @@ class LocalCluster:
         self.worker_args = worker_args or []
         self.scheduler_args = scheduler_args or []
         self.host = host
+        self.storage_nodes = storage_nodes
         self.prefixes: dict[str, list[str] | None] = {}
         if curve_keys:
             self.env = {**(self.env or {}), "SHOAL_CURVE_KEYS": str(curve_keys)}
@@ -102,7 +105,9 @@ class LocalCluster:
         try:
             self.etcd = EtcdServer(self.dir / "etcd", host=self.host).start()
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
-            self._spawn("storage-0", ["shoal.nodes.storage", "--dir", str(self.dir / "storage"), "--node-id", "storage-0", *e])
+            for i in range(self.storage_nodes):
+                folder = self.dir / ("storage" if i == 0 else f"storage-{i}")
+                self._spawn(f"storage-{i}", ["shoal.nodes.storage", "--dir", str(folder), "--node-id", f"storage-{i}", *e])
             for i in range(self.schedulers):
                 self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e,
                                                *self.scheduler_args])
@@ -113,7 +118,7 @@ class LocalCluster:
             from shoal.nodes.membership import MemberView
 
             view = MemberView(self.etcd.endpoint, self.cluster).start()
-            want = {"storage-0", "router-0", *(f"scheduler-{i}" for i in range(self.schedulers)),
+            want = {*(f"storage-{i}" for i in range(self.storage_nodes)), "router-0", *(f"scheduler-{i}" for i in range(self.schedulers)),
                     *(f"worker-{i}" for i in range(self.workers))}
             if not view.wait_for(lambda m: want <= set(m), timeout):
                 raise RuntimeError(f"nodes did not all register: {sorted(set(view.snapshot()))}")

@@ -64,3 +64,32 @@ def compare_generations(a: Sequence[dict], b: Sequence[dict], tol: float = FP32_
     if len(a) != len(b):
         return Comparison(False, None, None, f"{len(a)} generations vs {len(b)} with identical tokens before")
     return Comparison(True, None, None, "identical")
+
+
+SCORE_TOL = 1e-5  # retrieval scores of the same query embedded in different batches
+
+
+def compare_rag(a: dict, b: dict, tol: float = FP32_TOL, score_tol: float = SCORE_TOL) -> Comparison:
+    """Two runs of an `ircot` item (run with trace=True: each hop has passages, scores,
+    token_ids, margins), hop by hop. Retrieval parts legitimately only where the two
+    runs' hits at the first differing rank score within `score_tol` of each other (a
+    near-tie, broken by rounding); generation, as `compare_outputs`. After a legitimate
+    parting nothing more is compared."""
+    for i, (x, y) in enumerate(zip(a["hops"], b["hops"])):
+        if x["passages"] != y["passages"]:
+            j = next((j for j, (p, q) in enumerate(zip(x["passages"], y["passages"])) if p != q),
+                     min(len(x["passages"]), len(y["passages"])))
+            sx, sy = x["scores"], y["scores"]
+            if j < len(sx) and j < len(sy) and abs(sx[j] - sy[j]) < score_tol:
+                return Comparison(True, i, i, f"hop {i}: retrieval parted at rank {j} on a near-tie "
+                                               f"({sx[j]:.7f} vs {sy[j]:.7f})")
+            return Comparison(False, i, None, f"hop {i}: passages {x['passages']} vs {y['passages']} "
+                                              f"(scores {sx} vs {sy})")
+        cmp = compare_outputs(x["token_ids"], y["token_ids"], [x.get("margins", ()), y.get("margins", ())], tol)
+        if not cmp:
+            return Comparison(False, i, None, f"hop {i} thought: {cmp.detail}")
+        if cmp.diverged_at is not None:
+            return Comparison(True, i, i, f"hop {i} thought: {cmp.detail}")
+    if len(a["hops"]) != len(b["hops"]):
+        return Comparison(False, None, None, f"{len(a['hops'])} hops vs {len(b['hops'])} with the same ones before")
+    return Comparison(True, None, None, "identical")

@@ -181,3 +181,7 @@ def generate(item: dict, **params):
     ids = item.get("prompt_token_ids")
     out = yield (Generate(prompt_token_ids=ids, **params) if ids is not None else Generate(prompt=item.get("prompt"), **params))
     return out.to_dict()
+
+
+# Built-in programs defined in modules of their own register on import.
+importlib.import_module("shoal.ircot")

@@ -197,10 +197,19 @@ class ProgramRunner:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()
                 self.checkpoint_seconds += time.perf_counter() - t
+        polled = 0
         for ex in self.executors.values():
             for key, result in ex.poll():
+                polled += 1
                 done += self._fail(key, _message(key[1], result)) if isinstance(result, Exception) \
                     else self._resume(key, result)
+        if not polled and not self.engine.has_unfinished():
+            # Every sequence waits on another executor: block on one briefly instead of
+            # spinning a core (new assignments wait at most this long).
+            for ex in self.executors.values():
+                if hasattr(ex, "wait"):
+                    ex.wait(0.02)
+                    break
         return done
 
     def describe(self, key: tuple) -> tuple[str, dict, dict]:

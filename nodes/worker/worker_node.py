@@ -41,7 +41,8 @@ class WorkerNode(Node):
 
     def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
                  checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, encoder=None,
-                 encoder_cost: dict | None = None, **kw):
+                 encoder_cost: dict | None = None, retrieve_timeout: float = 30.0, retrieve_window_s: float = 0.002,
+                 **kw):
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
@@ -84,6 +85,14 @@ class WorkerNode(Node):
 
             self.runner.executors["embed"] = EmbedExecutor(encoder)
             self.superbatches = SuperBatchRunner(encoder, self._fetch_texts, counters=self.counters)
+        self.retrieve = None
+        if self.etcd:  # Retrieve operations search the index shards that storage nodes publish
+            from shoal.nodes.worker.index_client import IndexClient
+            from shoal.nodes.worker.retrieve_executor import RetrieveExecutor
+
+            self.retrieve = RetrieveExecutor(IndexClient(self.etcd, self.cluster, self.ctx, timeout_s=retrieve_timeout),
+                                             encoder, window_s=retrieve_window_s)
+            self.runner.executors["retrieve"] = self.retrieve
         self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
                                    lambda job_id: self.jobs.get(job_id, {}))
         if self.registration is not None:
@@ -251,6 +260,7 @@ class WorkerNode(Node):
                 **({"superbatches": {"held": len(self.superbatches.held), "ready": len(self.superbatches.ready),
                                      "texts_buffered": self.superbatches.texts_buffered,
                                      "highwater": dict(self.superbatches.highwater)}} if self.superbatches else {}),
+                **({"retrieve": dict(self.retrieve.stats)} if self.retrieve is not None else {}),
                 **self._engine_snapshot}
 
     # -- compute thread --------------------------------------------------------------------
@@ -557,6 +567,8 @@ class WorkerNode(Node):
                            "stats": {"held": self.held()}}, f"progress of {job_id}")
 
     def close(self) -> None:
+        if self.retrieve is not None:
+            self.retrieve.close()
         if self.superbatches is not None:
             self.superbatches.close()
         self.mover.close()
@@ -587,6 +599,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-tokens", type=int, default=256,
                     help="record a sequence's state with storage every N generated tokens (and after every "
                          "operation), so that a dead worker's sequences restart from there; 0: between operations only")
+    ap.add_argument("--retrieve-timeout", type=float, default=30.0,
+                    help="seconds a Retrieve waits for every shard of its index to answer (failing over between "
+                         "replicas) before its sequence fails with an error")
+    ap.add_argument("--retrieve-window-ms", type=float, default=2.0,
+                    help="queries arriving within this window share one search call per shard")
     ap.add_argument("--stall-timeout", type=float, default=300.0,
                     help="seconds without a step, while holding work, before the worker revokes its lease and exits")
     args = ap.parse_args(argv)
@@ -618,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         encoder = Encoder(args.encoder, dtype=getattr(torch, args.encoder_dtype))
         encoder_cost = load_or_calibrate(encoder)
     node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, encoder=encoder,
-                      encoder_cost=encoder_cost,
+                      encoder_cost=encoder_cost, retrieve_timeout=args.retrieve_timeout,
+                      retrieve_window_s=args.retrieve_window_ms / 1000,
                       checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
                       bind=args.bind, etcd=args.etcd,
                       cluster=args.cluster, advertise=args.advertise)

@@ -67,7 +67,7 @@ def test_program_with_two_operations_matches_a_run_alone(tiny_model, tmp_path):
     assert len(bad) == 3 and all("does not import: ModuleNotFoundError" in r["error"] for r in bad)
     assert [odd[f"p{k}"].get("finish_reason") == "error" for k in range(4)] == [False, True, False, True]
     assert "raised: KeyError: 'odd item'" in odd["p1"]["error"] and len(odd["p0"]["tokens"]) == 2
-    assert all("cannot run Retrieve operations" in r["error"] for r in missing)
+    assert all("a text query needs an encoder: this worker hosts none" in r["error"] for r in missing)
     assert all("max_tokens must be a positive integer, got 'six'" in r["error"] for r in typo)
     assert all(len(r["generations"][0]["token_ids"]) == 2 for r in after)
 

@@ -80,4 +80,12 @@ EXAMPLES = {
     "ClusterInfoQuery": ({}, {}),
     "ClusterInfo": ({"members": [{"node_id": "w-1", "role": "worker", "info": {
         "address": "tcp://127.0.0.1:7", "encoder": "ab12", "encoder_cost": {"a": 0.001, "c": 2e-5}}}]}, {}),
+    "LoadIndex": ({"name": "default", "path": "/data/index", "replicas": 2}, {}),
+    "IndexLoaded": ({"name": "default", "index_id": "9f8e", "placement": [["s-0", "s-1"], ["s-1", "s-2"]], "rows": 2000,
+                     "dim": 384, "encoder": "ab12"}, {}),
+    "LoadIndexShard": ({"name": "default", "path": "/data/index", "shard": 1}, {}),
+    "IndexShardLoaded": ({"name": "default", "index_id": "9f8e", "shard": 1, "rows": 1000}, {}),
+    "SearchIndex": ({"name": "default", "index_id": "9f8e", "shard": 0, "k": 2, "count": 1},
+                    {"queries": b"\x00\x00\x80\x3f" * 4}),
+    "SearchResults": ({"name": "default", "shard": 0, "hits": [[{"id": "p1", "score": 0.5, "text": "a passage"}]]}, {}),
 }

@@ -1,0 +1,103 @@
+"""The storage node's side of vector indexes: loading shards and answering searches.
+
+The router sends `LoadIndexShard` (where the index lies on this node's disk, which
+shard); the shard is loaded, remembered in `control/indexes.json` (so a restarted node
+loads it again) and published in this node's membership record, where workers find
+which storage nodes hold which shards. `SearchIndex` answers a whole batch of queries
+with one matrix product (`index_shard.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from shoal.nodes.index_shard import IndexShard
+from shoal.nodes.input_store import write_atomic
+from shoal.protocol.codec import Message, encode
+from shoal.protocol.errors import ProtocolError
+from shoal.vector_index import IndexError_
+
+log = logging.getLogger(__name__)
+
+
+def index_id(folder: str | Path) -> str:
+    """An index's identity: its manifest's content (which names every shard file)."""
+    return hashlib.blake2b((Path(folder) / "index.json").read_bytes(), digest_size=8).hexdigest()
+
+
+class IndexService:
+    def __init__(self, data_dir: Path, counters):
+        self.record = data_dir / "control" / "indexes.json"
+        self.counters = counters
+        self.publish = None  # set by the node: publishes `indexes` in its membership record
+        self.loaded: dict[str, dict] = {}  # name -> {"path", "index_id", "meta", "shards": {i: IndexShard}}
+        if self.record.exists():
+            for name, rec in orjson.loads(self.record.read_bytes()).items():
+                for shard in rec["shards"]:
+                    try:
+                        self._load(name, rec["path"], shard)
+                    except (IndexError_, OSError) as e:  # a vanished index must not keep the node down
+                        log.error("[index] %s shard %d at %s not reloaded: %s", name, shard, rec["path"], e)
+
+    def handlers(self) -> dict:
+        return {"LoadIndexShard": self.on_load_shard, "SearchIndex": self.on_search}
+
+    def published(self) -> dict:
+        """What workers need to route a search: per index, its id, encoder, dimension,
+        size, shard count and the shards held here."""
+        return {name: {"index_id": rec["index_id"], "encoder": rec["meta"]["encoder"], "dim": rec["meta"]["dim"],
+                       "rows": rec["meta"]["rows"], "shards_total": len(rec["meta"]["shards"]),
+                       "shards": sorted(rec["shards"])} for name, rec in self.loaded.items()}
+
+    def _load(self, name: str, path: str, shard: int) -> IndexShard:
+        iid = index_id(path)
+        rec = self.loaded.get(name)
+        if rec is None or rec["index_id"] != iid:  # a new index under this name replaces the old one
+            if rec is not None:
+                log.info("[index] %s: replacing index %s with %s", name, rec["index_id"], iid)
+            rec = self.loaded[name] = {"path": path, "index_id": iid, "meta": None, "shards": {}}
+        if shard not in rec["shards"]:
+            rec["shards"][shard] = IndexShard(path, shard)
+            rec["meta"] = rec["shards"][shard].meta
+            log.info("[index] %s shard %d loaded from %s: %d passages", name, shard, path, rec["shards"][shard].rows)
+        return rec["shards"][shard]
+
+    def on_load_shard(self, msg: Message):
+        path = str(Path(msg["path"]).resolve())
+        try:
+            shard = self._load(msg["name"], path, msg["shard"])
+        except (IndexError_, OSError) as e:
+            raise ProtocolError(ProtocolError.BAD_INPUT, f"index {msg['name']!r} shard {msg['shard']}: {e}") from None
+        write_atomic(self.record, orjson.dumps({n: {"path": r["path"], "shards": sorted(r["shards"])}
+                                                for n, r in self.loaded.items()}))
+        if self.publish:
+            self.publish(self.published())
+        self.counters["index.shards_loaded"] += 1
+        return encode("IndexShardLoaded", {"name": msg["name"], "index_id": self.loaded[msg["name"]]["index_id"],
+                                           "shard": msg["shard"], "rows": shard.rows}, reply_to=msg.id)
+
+    def on_search(self, msg: Message):
+        rec = self.loaded.get(msg["name"])
+        shard = rec["shards"].get(msg["shard"]) if rec else None
+        if shard is None:
+            raise ProtocolError("unknown_index", f"storage holds no shard {msg['shard']} of index {msg['name']!r}")
+        if msg["index_id"] and msg["index_id"] != rec["index_id"]:
+            raise ProtocolError("unknown_index", f"index {msg['name']!r} here is {rec['index_id']}, "
+                                f"not {msg['index_id']}")
+        dim, count = shard.meta["dim"], msg["count"]
+        blob = msg.blobs["queries"]
+        if count < 0 or len(blob) != count * dim * 4:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"queries blob of {len(blob)} bytes is not {count} "
+                                f"float32 vectors of dimension {dim}")
+        if msg["k"] < 1:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"k must be at least 1, got {msg['k']}")
+        queries = np.frombuffer(bytes(blob), np.float32).reshape(count, dim)
+        hits = shard.search(queries, msg["k"])
+        self.counters["index.searches"] += 1
+        self.counters["index.queries"] += count
+        return encode("SearchResults", {"name": msg["name"], "shard": msg["shard"], "hits": hits}, reply_to=msg.id)

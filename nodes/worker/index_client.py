@@ -1,0 +1,127 @@
+"""How a worker searches a vector index: find the shards in the cluster's membership,
+send each shard the whole batch of queries in one call, fail over between replicas,
+merge by score.
+
+Storage nodes publish the shards they hold (`nodes/index_service.py`). A shard's
+replicas are tried in turn, each for `attempt_s`; one that fails is skipped for a
+while. If no replica answers, the membership is read again (a shard may have been
+loaded elsewhere) until `timeout_s` has passed, and then the search fails with an
+error that names the shard and what each replica did. Runs on the retrieval thread
+(and its shard threads): nothing here touches the compute thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from shoal.rpc import RemoteError, RpcClient
+from shoal.topk import merge
+
+SUSPECT_S = 10.0  # a replica that failed is tried last for this long
+
+
+class IndexUnavailable(RuntimeError):
+    """The index, or one of its shards, cannot be searched; the message says why."""
+
+
+class IndexClient:
+    def __init__(self, etcd: str, cluster: str, ctx, timeout_s: float = 30.0, attempt_s: float = 5.0):
+        self.etcd, self.cluster, self.ctx = etcd, cluster, ctx
+        self.timeout_s, self.attempt_s = timeout_s, attempt_s
+        self._view = None
+        self._local = threading.local()  # each shard thread has its own sockets
+        self._suspect: dict[str, float] = {}  # node id -> until when it is tried last
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shard-search")
+
+    def _members(self):
+        if self._view is None:
+            from shoal.nodes.membership import MemberView
+
+            self._view = MemberView(self.etcd, self.cluster).start()
+        return self._view.snapshot("storage")
+
+    def locate(self, name: str) -> tuple[dict, list[list[tuple[str, str]]]]:
+        """(the index as published, replicas[shard] = [(node id, address), ...]). An
+        index loaded in two versions under one name is searched in the newer-looking
+        one only if every shard of it is somewhere; otherwise that is an error."""
+        by_id: dict[str, dict] = {}
+        for node_id, m in sorted(self._members().items()):
+            pub = m.info.get("indexes", {}).get(name)
+            if pub:
+                entry = by_id.setdefault(pub["index_id"], {"info": pub, "replicas": [[] for _ in range(pub["shards_total"])]})
+                for shard in pub["shards"]:
+                    entry["replicas"][shard].append((node_id, m.info["address"]))
+        complete = [e for e in by_id.values() if all(e["replicas"])]
+        if not by_id:
+            raise IndexUnavailable(f"no storage node holds index {name!r} (load it with `shoal index load` or "
+                                   "Client.load_index)")
+        if len(complete) != 1:
+            missing = {iid: [s for s, r in enumerate(e["replicas"]) if not r] for iid, e in by_id.items()}
+            raise IndexUnavailable(f"index {name!r}: " + ("; ".join(f"version {iid} lacks shards {m}" for iid, m in missing.items())
+                                                          if not complete else f"{len(complete)} versions are loaded"))
+        return complete[0]["info"], complete[0]["replicas"]
+
+    def _client(self, address: str) -> RpcClient:
+        clients = self._local.__dict__.setdefault("clients", {})
+        if address not in clients:
+            clients[address] = RpcClient(address, self.ctx)
+        return clients[address]
+
+    def _search_shard(self, name: str, index_id: str, shard: int, replicas: list, queries: np.ndarray, k: int) -> list:
+        now = time.monotonic()
+        order = sorted(replicas, key=lambda r: (self._suspect.get(r[0], 0) > now, r[0]))
+        tried = []
+        for node_id, address in order:
+            try:
+                reply = self._client(address).request(
+                    "SearchIndex", {"name": name, "index_id": index_id, "shard": shard, "k": k, "count": len(queries)},
+                    {"queries": np.ascontiguousarray(queries, np.float32).tobytes()}, timeout=self.attempt_s)
+                self._suspect.pop(node_id, None)
+                return reply["hits"]
+            except (TimeoutError, RemoteError, OSError) as e:
+                self._suspect[node_id] = time.monotonic() + SUSPECT_S
+                if isinstance(e, TimeoutError):  # its socket may hold the lost request: start afresh
+                    self._local.clients.pop(address).close()
+                tried.append(f"{node_id}: {e}")
+        raise IndexUnavailable(f"index {name!r} shard {shard}: no replica answered ({'; '.join(tried)})")
+
+    def search(self, name: str, queries: np.ndarray, k: int, dim: int | None = None) -> list[list[dict]]:
+        """Top-k hits ({id, score, text}, best first) per query row, over every shard."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                info, replicas = self.locate(name)
+                if queries.shape[1] != info["dim"]:
+                    raise ValueError(f"queries of dimension {queries.shape[1]} cannot search index {name!r} "
+                                     f"of dimension {info['dim']}")
+                if k > info["rows"]:
+                    raise ValueError(f"k={k} is larger than index {name!r} ({info['rows']} passages)")
+                futures = [self._pool.submit(self._search_shard, name, info["index_id"], s, r, queries, k)
+                           for s, r in enumerate(replicas)]
+                per_shard = [f.result() for f in futures]
+                return [merge([hits[q] for hits in per_shard], k) for q in range(len(queries))]
+            except IndexUnavailable as e:
+                if time.monotonic() >= deadline:
+                    raise IndexUnavailable(f"{e} within {self.timeout_s:.0f}s") from None
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def describe(self, name: str) -> dict:
+        """The index as published (index_id, encoder, dim, rows, shards_total), waiting
+        up to the timeout for it to appear."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return self.locate(name)[0]
+            except IndexUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._view is not None:
+            self._view.stop()

@@ -1,0 +1,151 @@
+"""Runs the Retrieve operations of program coroutines.
+
+On the compute thread (`submit`, `poll`, once per step): the query texts of every
+Retrieve submitted since the last step are embedded together in one encoder call, in
+the same loop turn as the engine's step (heterogeneous batching), checked against the
+index's encoder, and handed to the retrieval thread. That thread collects queries for
+a short window, then sends each shard the whole batch in one call (`index_client.py`)
+and hands back each coroutine's hits. A coroutine waiting here holds no compute and
+no KV blocks of its own (its prefix stays in the prefix cache, evictable).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
+
+log = logging.getLogger(__name__)
+
+
+class RetrieveExecutor:
+    def __init__(self, client, encoder=None, window_s: float = 0.002, token_budget: int = DEFAULT_TOKEN_BUDGET):
+        self.client, self.encoder = client, encoder
+        self.window_s, self.token_budget = window_s, token_budget
+        self._to_embed: list = []  # (key, ticket, op) with a text query
+        self._live: dict = {}  # key -> ticket of its Retrieve in flight (abort drops the key)
+        self._tickets = 0
+        self._failed: list = []  # (key, exception) found on the compute thread
+        self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector)
+        self._done: queue.Queue = queue.Queue()  # (key, ticket, hits or exception)
+        self._checked: dict[str, str] = {}  # index name -> its encoder, once seen to match ours
+        self.stats = {"encode_s": 0.0, "queries": 0, "searches": 0, "search_s": 0.0, "batch_max": 0}
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._search_loop, name="retrieve", daemon=True)
+        self._thread.start()
+
+    # -- compute thread ------------------------------------------------------------------
+
+    def submit(self, key, op) -> None:
+        self._tickets += 1
+        ticket = self._live[key] = self._tickets
+        if not isinstance(op.k, int) or isinstance(op.k, bool) or op.k < 1:
+            self._failed.append((key, ValueError(f"Retrieve k must be a positive integer, got {op.k!r}")))
+        elif isinstance(op.query, str):
+            if self.encoder is None:
+                self._failed.append((key, ValueError("a text query needs an encoder: this worker hosts none "
+                                                     "(start it with --encoder), or give the query as a vector")))
+            else:
+                self._to_embed.append((key, ticket, op))
+        else:
+            self._queries.put((key, ticket, op.index, op.k, np.asarray(op.query, np.float32)))
+
+    def abort(self, key) -> None:
+        self._live.pop(key, None)
+        self._to_embed = [e for e in self._to_embed if e[0] != key]
+
+    def _embed_queries(self) -> None:
+        batch, self._to_embed = self._to_embed, []
+        t = time.perf_counter()
+        try:
+            vectors = self.encoder.encode([op.query for _, _, op in batch], self.token_budget).float().numpy()
+        except Exception as e:  # a bad text fails the retrievals of this batch, not the worker
+            self._failed += [(key, e) for key, _, _ in batch]
+            return
+        finally:
+            self.stats["encode_s"] += time.perf_counter() - t
+        for (key, ticket, op), v in zip(batch, vectors):
+            self._queries.put((key, ticket, op.index, op.k, v))
+
+    def poll(self) -> list:
+        if self._to_embed:
+            self._embed_queries()
+        out, self._failed = self._failed, []
+        while True:
+            try:
+                key, ticket, result = self._done.get_nowait()
+            except queue.Empty:
+                break
+            if self._live.get(key) == ticket:  # not aborted (or moved and back) meanwhile
+                del self._live[key]
+                out.append((key, result))
+        for key, _ in out:
+            self._live.pop(key, None)
+        return out
+
+    # -- retrieval thread ----------------------------------------------------------------
+
+    def _check_encoder(self, name: str) -> None:
+        """Text queries are embedded with this worker's encoder: the index must have
+        been built with the same one."""
+        if self.encoder is None or self._checked.get(name) == self.encoder.fingerprint:
+            return
+        info = self.client.describe(name)
+        if info["encoder"] != self.encoder.fingerprint:
+            raise ValueError(f"index {name!r} was built with encoder {info['encoder']} (dimension {info['dim']}); "
+                             f"this worker embeds queries with encoder {self.encoder.fingerprint} "
+                             f"({self.encoder.folder}): rebuild the index or start workers with its encoder")
+        self._checked[name] = info["encoder"]
+
+    def _search_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._queries.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            batch = [first]
+            deadline = time.monotonic() + self.window_s
+            while True:  # a short window lets queries of the next steps join this call
+                try:
+                    batch.append(self._queries.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            groups: dict[tuple, list] = {}  # one call per index (and query dimension)
+            for entry in batch:
+                groups.setdefault((entry[2], len(entry[4])), []).append(entry)
+            for (name, _), entries in groups.items():
+                self._search(name, entries)
+
+    def _search(self, name: str, entries: list) -> None:
+        t = time.perf_counter()
+        try:
+            self._check_encoder(name)
+            k = max(e[3] for e in entries)  # each takes its own k off the top: same order
+            hits = self.client.search(name, np.stack([e[4] for e in entries]), k)
+            results = [h[:e[3]] for e, h in zip(entries, hits)]
+        except Exception as e:  # the whole batch fails alike: each sequence records why
+            log.warning("[retrieve] %d queries of index %r failed: %s", len(entries), name, e)
+            results = [e] * len(entries)
+        self.stats["searches"] += 1
+        self.stats["queries"] += len(entries)
+        self.stats["batch_max"] = max(self.stats["batch_max"], len(entries))
+        self.stats["search_s"] += time.perf_counter() - t
+        for (key, ticket, *_), r in zip(entries, results):
+            self._done.put((key, ticket, r))
+        self._ready.set()
+
+    def wait(self, timeout: float) -> None:
+        """Compute thread, with nothing else to do: until some retrieval finishes."""
+        if self._done.empty() and not self._failed and not self._to_embed:
+            self._ready.wait(timeout)
+        self._ready.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.client.close()

@@ -1,0 +1,170 @@
+"""`shoal index build|load`, `shoal rag` and `shoal demo-data`: iterative retrieval from
+the command line.
+
+    shoal demo-data --out demo/                       # stdlib passages and questions
+    shoal embed --encoder MiniLM/ --input demo/corpus.jsonl --output demo/emb
+    shoal index build --embeddings demo/emb --shards 2 --output demo/index
+    shoal rag --model M/ --encoder MiniLM/ --index demo/index --input demo/questions.jsonl \\
+        --output demo/answers.jsonl --hops 3 --k 4
+
+`shoal rag` checks everything it can before it starts (the index, that it was built
+with --encoder, k against its size, every line of the questions), loads the index onto
+the storage nodes and runs the `ircot` program over the questions; each output line is
+{id, question, answer, answered, hops: [{query, passages, thought}]}.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+
+def add_parsers(sub) -> None:
+    ix = sub.add_parser("index", help="vector indexes: build one from an embedding job's output, load it")
+    isub = ix.add_subparsers(dest="index_cmd", required=True)
+    b = isub.add_parser("build", help="an exact index of an embedding job's output, in shards")
+    b.add_argument("--embeddings", required=True, help="a `shoal embed --output` directory (complete)")
+    b.add_argument("--output", required=True, help="the index directory to write (replaced if it exists)")
+    b.add_argument("--shards", type=int, default=1, help="shards, each served by a storage node")
+    b.set_defaults(fn=cmd_index_build)
+    ld = isub.add_parser("load", help="load an index onto a running cluster's storage nodes")
+    ld.add_argument("--router", required=True)
+    ld.add_argument("--index", required=True, help="an index directory the storage nodes can read at this path")
+    ld.add_argument("--name", default="default", help="what Retrieve operations call it")
+    ld.add_argument("--replicas", type=int, default=1, help="storage nodes per shard (retrieval fails over between them)")
+    ld.set_defaults(fn=cmd_index_load)
+
+    r = sub.add_parser("rag", help="iterative retrieval (the ircot program) over a file of questions")
+    r.add_argument("--model", help="decoder folder (for the local cluster; a --router cluster has its own)")
+    r.add_argument("--encoder", required=True, help="the encoder the index was built with")
+    r.add_argument("--index", required=True, help="a `shoal index build` directory")
+    r.add_argument("--input", required=True, help="JSONL of {id, question, [max_hops], [thought_tokens]}")
+    r.add_argument("--output", required=True, help="JSONL of answers with their hops")
+    r.add_argument("--hops", type=int, default=3, help="at most this many retrieve+think hops (an item may set max_hops)")
+    r.add_argument("--k", type=int, default=4, help="passages retrieved per hop")
+    r.add_argument("--thought-tokens", type=int, default=32, help="at most this many tokens per thought")
+    r.add_argument("--index-name", default="default")
+    r.add_argument("--replicas", type=int, default=1, help="storage nodes per index shard")
+    r.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
+    r.add_argument("--workers", type=int, default=1, help="workers of the local cluster")
+    r.add_argument("--storage-nodes", type=int, default=1, help="storage nodes of the local cluster")
+    r.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
+    r.add_argument("--job-key", help="idempotency key (default: a new job)")
+    r.set_defaults(fn=cmd_rag)
+
+    d = sub.add_parser("demo-data", help="the demo corpus (stdlib docstrings) and questions about it")
+    d.add_argument("--out", required=True)
+    d.add_argument("--passages", type=int, default=2000)
+    d.add_argument("--questions", type=int, default=64)
+    d.set_defaults(fn=cmd_demo_data)
+
+
+def cmd_index_build(args) -> int:
+    from shoal.progress import Progress
+    from shoal.vector_index import build_index
+
+    t0 = time.perf_counter()
+    progress = None
+
+    def show(done: int, total: int) -> None:
+        nonlocal progress
+        progress = progress or Progress(total, "passages")
+        progress.advance(done - progress.done)
+
+    meta = build_index(args.embeddings, args.output, args.shards, progress=show)
+    if progress:
+        progress.close()
+    print(f"index: {args.output}  ({meta['rows']} passages of dimension {meta['dim']} in {len(meta['shards'])} shards, "
+          f"{time.perf_counter() - t0:.1f}s)")
+    return 0
+
+
+def cmd_index_load(args) -> int:
+    from shoal.client import Client
+
+    r = Client(args.router).load_index(args.index, args.name, args.replicas)
+    print(f"index {r['name']} ({r['rows']} passages): " +
+          ", ".join(f"shard {i} on {'+'.join(nodes)}" for i, nodes in enumerate(r["placement"])))
+    return 0
+
+
+def cmd_demo_data(args) -> int:
+    from shoal.demo_corpus import write_demo_data
+
+    c, q = write_demo_data(args.out, args.passages, args.questions)
+    print(f"corpus: {c}\nquestions: {q}")
+    return 0
+
+
+def read_questions(path: str | Path) -> list[dict]:
+    """Every line checked as an ircot item (InputError names the first bad one)."""
+    from shoal.generate_input import ItemChecker, read_records
+
+    checker = ItemChecker("ircot")
+    return [checker.record(rec, where, place) for where, place, rec in read_records(path)]
+
+
+def check_index(index: str | Path, encoder: str | Path, k: int) -> dict:
+    """The index's manifest, if this encoder made it and it holds k passages."""
+    from shoal.nodes.worker.models.encoder_config import describe_encoder
+    from shoal.vector_index import IndexError_, read_manifest
+
+    meta = read_manifest(index)
+    enc = describe_encoder(encoder)
+    if meta["encoder"] != enc["fingerprint"] or meta["dim"] != enc["dim"]:
+        raise IndexError_(f"index {index} was built with encoder {meta['encoder']} (dimension {meta['dim']}), "
+                          f"but --encoder {encoder} is {enc['fingerprint']} (dimension {enc['dim']}): "
+                          "queries must be embedded by the encoder that embedded the passages")
+    if k > meta["rows"]:
+        raise IndexError_(f"--k {k} is larger than index {index} ({meta['rows']} passages)")
+    return meta
+
+
+def cmd_rag(args) -> int:
+    from contextlib import nullcontext
+
+    from shoal.client import Client
+    from shoal.local_cluster import LocalCluster
+    from shoal.progress import Progress
+
+    if not args.router and not args.model:
+        raise ValueError("give --model (a local cluster runs the job) or --router")
+    meta = check_index(args.index, args.encoder, args.k)
+    items = read_questions(args.input)
+    params = {"max_hops": args.hops, "k": args.k, "thought_tokens": args.thought_tokens, "index": args.index_name}
+    cluster = nullcontext() if args.router else LocalCluster(args.model, encoder=args.encoder, workers=args.workers,
+                                                             storage_nodes=args.storage_nodes,
+                                                             worker_threads=args.threads)
+    with cluster as local:
+        router = args.router or local.router
+        client = Client(router)
+        placed = client.load_index(args.index, args.index_name, args.replicas)
+        print(f"index {args.index_name}: {meta['rows']} passages in {len(placed['placement'])} shards on "
+              f"{sorted({n for nodes in placed['placement'] for n in nodes})}", file=sys.stderr)
+        t0 = time.perf_counter()
+        job = client.submit(items, program="ircot", params=params, job_key=args.job_key)
+        print(f"job {job.id}: {len(items)} questions via {router}", file=sys.stderr)
+        progress = Progress(len(items), "questions")
+        records = {}
+        for rec in job.results():
+            records[rec["id"]] = rec
+            progress.advance(1)
+        progress.close()
+        wall = time.perf_counter() - t0
+    gold = {it["id"]: it["gold"] for it in items if "gold" in it}
+    with open(args.output, "wb") as out:
+        for it in items:  # input order
+            out.write(orjson.dumps(records[it["id"]]) + b"\n")
+    ok = [r for r in records.values() if r.get("finish_reason") != "error"]
+    hops = sum(len(r["hops"]) for r in ok)
+    found = sum(1 for r in ok if r["id"] in gold and any(gold[r["id"]] in h["passages"] for h in r["hops"]))
+    print(f"answers: {args.output}  ({len(items)} questions, {len(items) - len(ok)} failed, {hops} hops in {wall:.1f}s"
+          + (f"; the gold passage was retrieved for {found} of {sum(1 for r in ok if r['id'] in gold)}" if gold else "")
+          + ")")
+    for r in records.values():
+        if r.get("finish_reason") == "error":
+            print(f"  {r['id']}: {r['error']}", file=sys.stderr)
+    return 0 if len(ok) == len(items) else 1

@@ -1,0 +1,129 @@
+"""Iterative retrieval on a real cluster: index shards on two storage nodes, Retrieve
+batched by the workers, the ircot program, and its bad inputs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+import shoal
+from shoal.embeddings import EmbeddingSet
+from shoal.output_compare import compare_rag
+from shoal.program import Embed, Retrieve
+from shoal.rpc import RemoteError
+from shoal.vector_index import build_index
+
+from rag_setup import embed_corpus, rag_items
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def query_both_ways(item, k=5, index="default"):
+    """A query by text (the worker embeds it) and by the vector the worker's encoder gives it."""
+    vec = yield Embed(texts=[item["q"]])
+    by_text = yield Retrieve(query=item["q"], k=k, index=index)
+    by_vector = yield Retrieve(query=vec[0], k=k, index=index)
+    return {"vector": vec[0], "by_text": by_text, "by_vector": by_vector}
+
+
+@pytest.fixture(scope="module")
+def rag_cluster(tiny_model, minilm, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rag")
+    env = {"PYTHONPATH": os.pathsep.join([TESTS, str(Path(TESTS).parent), os.environ.get("PYTHONPATH", "")])}
+    with shoal.LocalCluster(tiny_model, encoder=minilm, workers=2, storage_nodes=2, state_dir=tmp / "c", policy="mb",
+                            env=env, worker_args=["--retrieve-timeout", "5"]) as c:
+        client = shoal.Client(c.router)
+        corpus, emb = embed_corpus(client, tmp / "data", minilm)
+        for shards in (1, 3):
+            build_index(emb, tmp / f"index{shards}", shards)
+        yield c, client, corpus, emb, tmp
+
+
+def test_retrieval_equals_brute_force_for_one_and_three_shards(rag_cluster):
+    c, client, corpus, emb, tmp = rag_cluster
+    one = client.load_index(tmp / "index1", "one")
+    three = client.load_index(tmp / "index3", "three", replicas=2)
+    assert len(one["placement"]) == 1 and [len(n) for n in three["placement"]] == [2, 2, 2]
+    es = EmbeddingSet(emb)
+    ids, matrix = [], []
+    for name in es.partitions:
+        i, m = es.matrix(name)
+        ids += i
+        matrix.append(m)
+    matrix = np.concatenate(matrix).astype(np.float64)
+    qs = [{"id": f"q{i}", "q": p["text"][:60]} for i, p in enumerate(corpus[::20])]
+    for index in ("one", "three"):
+        recs = client.submit(qs, program="test_retrieval:query_both_ways", params={"k": 5, "index": index}).wait(timeout=120)
+        assert len(recs) == len(qs)
+        for rec in recs:
+            assert "error" not in rec, rec
+            scores = matrix @ np.asarray(rec["vector"], np.float64)
+            want = sorted(range(len(ids)), key=lambda r: (-scores[r], ids[r]))[:5]
+            for hits in (rec["by_vector"], rec["by_text"]):
+                assert len(hits) == 5
+                np.testing.assert_allclose([h["score"] for h in hits], scores[want], atol=1e-5)
+                for h, r in zip(hits, want):  # ids equal, except among scores tied within the tolerance
+                    assert h["id"] == ids[r] or abs(scores[ids.index(h["id"])] - scores[r]) < 1e-5
+                    assert h["text"] == next(p["text"] for p in corpus if p["id"] == h["id"])
+
+
+def test_rag_equals_each_question_run_alone(rag_cluster):
+    c, client, corpus, emb, tmp = rag_cluster
+    client.load_index(tmp / "index3", "default", replicas=1)
+    work = rag_items(corpus, 6)
+    params = {"k": 3, "trace": True}
+    together = {r["id"]: r for r in client.submit(work, program="ircot", params=params).wait(timeout=240)}
+    for it in work:
+        alone = client.submit([it], program="ircot", params=params).wait(timeout=120)[0]
+        got = together[it["id"]]
+        assert "error" not in got and "error" not in alone, (got, alone)
+        assert len(got["hops"]) == it["max_hops"]  # a random model never writes the answer marker
+        assert got["hops"][0]["query"] == it["question"] and len(got["hops"][0]["passages"]) == 3
+        cmp = compare_rag(got, alone)
+        assert cmp, f"{it['id']}: {cmp.detail}"
+
+
+def test_bad_rag_input_gets_clear_errors(rag_cluster, tiny_encoder):
+    c, client, corpus, emb, tmp = rag_cluster
+    client.load_index(tmp / "index1", "one")
+    work = rag_items(corpus, 2)
+    # k larger than the index: each sequence says so.
+    recs = client.submit(work, program="ircot", params={"k": 500, "index": "one"}).wait(timeout=120)
+    assert all("k=500 is larger than index 'one' (200 passages)" in r["error"] for r in recs), recs
+    # An index whose manifest names another encoder: refused when its queries are embedded.
+    other = tmp / "index-other"
+    shutil.copytree(tmp / "index1", other)
+    meta = orjson.loads((other / "index.json").read_bytes())
+    (other / "index.json").write_bytes(orjson.dumps({**meta, "encoder": "0123456789abcdef"}))
+    client.load_index(other, "other")
+    recs = client.submit(work, program="ircot", params={"index": "other"}).wait(timeout=120)
+    assert all("index 'other' was built with encoder 0123456789abcdef" in r["error"] for r in recs), recs
+    # An index nobody loaded: a clear error after the retrieve timeout, nothing hangs.
+    recs = client.submit(work[:1], program="ircot", params={"index": "nowhere"}).wait(timeout=120)
+    assert "no storage node holds index 'nowhere'" in recs[0]["error"]
+    # Questions that are not questions: the job is refused, naming the line.
+    with pytest.raises(RemoteError, match="needs a non-empty \"question\""):
+        client.submit([{"id": "x", "prompt": "no question"}], program="ircot")
+    # The CLI's checks before anything starts: wrong encoder, k too large, a broken line.
+    from shoal.generate_input import InputError
+    from shoal.rag_cli import check_index, read_questions
+    from shoal.vector_index import IndexError_
+
+    with pytest.raises(IndexError_, match="queries must be embedded by the encoder that embedded the passages"):
+        check_index(tmp / "index1", tiny_encoder, 3)
+    with pytest.raises(IndexError_, match="--k 201 is larger than index"):
+        check_index(tmp / "index1", c.encoder, 201)
+    bad = tmp / "bad.jsonl"
+    bad.write_text('{"id": "a", "question": "fine?"}\n{"id": "b", "question": \n')
+    with pytest.raises(InputError, match=r"bad.jsonl:2"):
+        read_questions(bad)
+    # A wrong protocol use of the storage side: a shard it does not hold.
+    with pytest.raises(RemoteError, match="storage holds no shard 7 of index 'one'"):
+        shoal.rpc.RpcClient(c.nodes["storage-0"][2]).request(
+            "SearchIndex", {"name": "one", "index_id": "", "shard": 7, "k": 1, "count": 1},
+            {"queries": np.zeros(384, np.float32).tobytes()})
