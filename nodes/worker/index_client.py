@@ -31,7 +31,9 @@ class IndexUnavailable(RuntimeError):
 class IndexClient:
     def __init__(self, etcd: str, cluster: str, ctx, timeout_s: float = 30.0, attempt_s: float = 5.0):
         self.etcd, self.cluster, self.ctx = etcd, cluster, ctx
-        self.timeout_s, self.attempt_s = timeout_s, attempt_s
+        self.timeout_s, self.attempt_s = timeout_s, min(attempt_s, timeout_s)
+        self._calls = 0
+        self.failovers = 0  # searches answered by a replica after another failed
         self._view = None
         self._local = threading.local()  # each shard thread has its own sockets
         self._suspect: dict[str, float] = {}  # node id -> until when it is tried last
@@ -73,7 +75,11 @@ class IndexClient:
 
     def _search_shard(self, name: str, index_id: str, shard: int, replicas: list, queries: np.ndarray, k: int) -> list:
         now = time.monotonic()
-        order = sorted(replicas, key=lambda r: (self._suspect.get(r[0], 0) > now, r[0]))
+        # Reads rotate over the replicas (spreading load; every replica gets used, so a
+        # dead one is found); one that failed lately goes last.
+        self._calls += 1
+        start = (self._calls + shard) % len(replicas)
+        order = sorted(replicas[start:] + replicas[:start], key=lambda r: self._suspect.get(r[0], 0) > now)
         tried = []
         for node_id, address in order:
             try:
@@ -81,6 +87,7 @@ class IndexClient:
                     "SearchIndex", {"name": name, "index_id": index_id, "shard": shard, "k": k, "count": len(queries)},
                     {"queries": np.ascontiguousarray(queries, np.float32).tobytes()}, timeout=self.attempt_s)
                 self._suspect.pop(node_id, None)
+                self.failovers += bool(tried)
                 return reply["hits"]
             except (TimeoutError, RemoteError, OSError) as e:
                 self._suspect[node_id] = time.monotonic() + SUSPECT_S

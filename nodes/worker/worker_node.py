@@ -260,7 +260,8 @@ class WorkerNode(Node):
                 **({"superbatches": {"held": len(self.superbatches.held), "ready": len(self.superbatches.ready),
                                      "texts_buffered": self.superbatches.texts_buffered,
                                      "highwater": dict(self.superbatches.highwater)}} if self.superbatches else {}),
-                **({"retrieve": dict(self.retrieve.stats)} if self.retrieve is not None else {}),
+                **({"retrieve": {**self.retrieve.stats, "failovers": self.retrieve.client.failovers}}
+                   if self.retrieve is not None else {}),
                 **self._engine_snapshot}
 
     # -- compute thread --------------------------------------------------------------------
