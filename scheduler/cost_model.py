@@ -4,8 +4,9 @@ One object for a (model, dtype, device): a prefill step of L tokens costs
 `α_p + β_p·L`, a decode step of k sequences `α_d + β_d·k`, and MB's effective cost per
 token at decode share r is `β_MB(r) = a + b·r + c·r²`. The encoder's terms (a per
 micro-batch, c per padded token, t_call per SuperBatch) are calibrated per encoder and
-live in `embed_prediction.EncoderCost` for now, since a worker may host an encoder
-without a decoder; the heterogeneous step planner (issue 8) joins them here. The serialized form (`to_dict`) is what workers publish and
+live in `embed_prediction.EncoderCost`, since a worker may host an encoder without a
+decoder; `encode_planner.plan_encode` weighs them against `step_time` to decide how
+much encoder work joins each engine step. The serialized form (`to_dict`) is what workers publish and
 cache; `validate` rejects fits that cannot be trusted.
 """
 
@@ -40,6 +41,14 @@ class CostModel:
 
     def decode_time(self, seqs: int) -> float:
         return self.alpha_d + self.beta_d * seqs
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int) -> float:
+        """A step's predicted time from its work: the step overhead of its kind (a mixed
+        step pays the larger, decode's), then each token and each decoding sequence."""
+        if not (prefill_tokens or decode_seqs):
+            return 0.0
+        alpha = self.alpha_d if decode_seqs else self.alpha_p
+        return alpha + self.beta_p * prefill_tokens + self.beta_d * decode_seqs
 
     def beta_mb(self, r: float) -> float:
         return self.mb_a + self.mb_b * r + self.mb_c * r * r

@@ -1,6 +1,6 @@
 """A vector index on disk, built from an embedding job's output (`shoal index build`).
 
-    <dir>/index.json              {format, kind, encoder, encoder_name, dim, metric, rows,
+    <dir>/index.json              {format, kind, encoder, dim, metric, rows,
                                    shards: [{file, rows}]}
     <dir>/shard-NNNNN.safetensors "vectors": float32 [rows, dim]
     <dir>/shard-NNNNN.parquet     id (string), text (string): row i of the vectors
@@ -63,13 +63,65 @@ def _corpus_texts(embeddings: Path):
     return Corpus(folder)
 
 
+class _ShardWriter:
+    """Writes rows in order into `shards` shards of near-equal size, then the manifest."""
+
+    def __init__(self, out: Path, total: int, shards: int, encoder: str, dim: int):
+        if shards < 1:
+            raise IndexError_(f"--shards must be at least 1, got {shards}")
+        if total < shards:
+            raise IndexError_(f"{total} passages cannot fill {shards} shards")
+        self.out, self.tmp = out, out.with_name(out.name + ".building")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.bounds = np.linspace(0, total, shards + 1).round().astype(int)
+        self.meta = {"format": FORMAT, "kind": "exact", "encoder": encoder, "dim": dim, "metric": "ip",
+                     "rows": total, "shards": []}
+        self.ids, self.texts, self.vecs, self.done = [], [], [], 0
+
+    def add(self, ids: list, texts: list, matrix: np.ndarray) -> None:
+        pos = 0
+        while pos < len(ids):
+            shard = len(self.meta["shards"])
+            take = min(len(ids) - pos, self.bounds[shard + 1] - self.done)
+            self.ids += ids[pos:pos + take]
+            self.texts += texts[pos:pos + take]
+            self.vecs.append(matrix[pos:pos + take])
+            pos, self.done = pos + take, self.done + take
+            if self.done == self.bounds[shard + 1]:
+                self._flush(shard)
+
+    def _flush(self, shard: int) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from safetensors.numpy import save_file
+
+        name = f"shard-{shard:05d}"
+        save_file({"vectors": np.ascontiguousarray(np.concatenate(self.vecs).astype(np.float32))},
+                  str(self.tmp / f"{name}.safetensors"))
+        pq.write_table(pa.table({"id": pa.array(self.ids, pa.string()), "text": pa.array(self.texts, pa.string())}),
+                       self.tmp / f"{name}.parquet")
+        self.meta["shards"].append({"file": name, "rows": len(self.ids)})
+        self.ids, self.texts, self.vecs = [], [], []
+
+    def finish(self) -> dict:
+        (self.tmp / "index.json").write_bytes(orjson.dumps(self.meta, option=orjson.OPT_INDENT_2))
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.tmp.rename(self.out)
+        return self.meta
+
+
+def write_index(out: str | Path, ids: list[str], texts: list[str], vectors: np.ndarray, encoder: str,
+                shards: int = 1) -> dict:
+    """An index of rows held in memory (benchmarks, small corpora)."""
+    w = _ShardWriter(Path(out), len(ids), shards, encoder, vectors.shape[1])
+    w.add(list(ids), list(texts), vectors)
+    return w.finish()
+
+
 def build_index(embeddings: str | Path, out: str | Path, shards: int = 1, progress=None) -> dict:
     """Writes an exact index of every vector in `embeddings` (an embedding job's output
     directory, complete) to `out` as `shards` shards; returns its manifest."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from safetensors.numpy import save_file
-
     from shoal.embeddings import EmbeddingSet
 
     embeddings, out = Path(embeddings), Path(out)
@@ -78,50 +130,15 @@ def build_index(embeddings: str | Path, out: str | Path, shards: int = 1, progre
     if missing:
         raise IndexError_(f"{embeddings} is not complete: {len(missing)} partitions lack "
                           f"{sum(missing.values())} rows (run the embedding job to its end first)")
-    if shards < 1:
-        raise IndexError_(f"--shards must be at least 1, got {shards}")
     corpus = _corpus_texts(embeddings)
-    total = sum(es.partitions.values())
-    if total < shards:
-        raise IndexError_(f"{total} passages cannot fill {shards} shards")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp = out.with_name(out.name + ".building")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    bounds = np.linspace(0, total, shards + 1).round().astype(int)
-    meta = {"format": FORMAT, "kind": "exact", "encoder": es.header["encoder"],
-            "encoder_name": es.header.get("encoder_name", ""), "dim": es.dim, "metric": "ip", "rows": total,
-            "shards": []}
-    ids, texts, vecs, shard, done = [], [], [], 0, 0
-
-    def flush():
-        nonlocal ids, texts, vecs, shard
-        name = f"shard-{shard:05d}"
-        save_file({"vectors": np.ascontiguousarray(np.concatenate(vecs).astype(np.float32))},
-                  str(tmp / f"{name}.safetensors"))
-        pq.write_table(pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string())}),
-                       tmp / f"{name}.parquet")
-        meta["shards"].append({"file": name, "rows": len(ids)})
-        ids, texts, vecs, shard = [], [], [], shard + 1
-
+    w = _ShardWriter(out, sum(es.partitions.values()), shards, es.header["encoder"], es.dim)
     for name in es.partitions:  # the corpus's partition order
         pid, matrix = es.matrix(name)
         rows = corpus.read(name, 0, len(pid))
-        for i, ((cid, text), eid) in enumerate(zip(rows, pid)):
+        for i, ((cid, _), eid) in enumerate(zip(rows, pid)):
             if cid != eid:
                 raise IndexError_(f"partition {name!r} row {i}: the embeddings say {eid!r}, the corpus {cid!r}")
-        pos = 0
-        while pos < len(pid):
-            take = min(len(pid) - pos, bounds[shard + 1] - done)
-            ids += pid[pos:pos + take]
-            texts += [t for _, t in rows[pos:pos + take]]
-            vecs.append(matrix[pos:pos + take])
-            pos, done = pos + take, done + take
-            if done == bounds[shard + 1]:
-                flush()
+        w.add(pid, [t for _, t in rows], matrix)
         if progress:
-            progress(done, total)
-    (tmp / "index.json").write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2))
-    tmp.rename(out)
-    return meta
+            progress(w.done, w.meta["rows"])
+    return w.finish()
