@@ -23,6 +23,7 @@ retrieval), and whether both sides gave the same answers (shared comparator).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -30,7 +31,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
+# The index is searched on this process's retrieval thread, where a storage node would
+# search it in its own process: OpenBLAS's worker threads, which spin after each call,
+# would take the cores torch is stepping the model on.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -96,10 +102,12 @@ def w3_items(n: int, seed: int = 0) -> list[dict]:
 
 class StepClock:
     """Times engine steps, split into prefill and decode by the step's work under the
-    engine's cost terms (prefill tokens x beta_p vs decoding sequences x beta_d)."""
+    engine's cost terms (prefill tokens x beta_p vs decoding sequences x beta_d), and
+    keeps each step's work to replay under another device's calibration."""
 
     def __init__(self, engine):
         self.engine, self.prefill_s, self.decode_s = engine, 0.0, 0.0
+        self.work: list[tuple[int, int]] = []  # (prefill tokens, decoding sequences) per step
         cm = engine.cost_model
         self.beta_p, self.beta_d = (cm.beta_p, cm.beta_d) if cm else (1.0, 1.0)
         inner = engine.step
@@ -115,6 +123,7 @@ class StepClock:
             d = decoding * self.beta_d if st.generated_tokens > g0 else 0.0
             self.prefill_s += dt * p / (p + d) if p + d else 0.0
             self.decode_s += dt * d / (p + d) if p + d else dt
+            self.work.append(engine.last_step_work)
             return out
 
         engine.step = timed
@@ -124,7 +133,11 @@ def run_shoal(engine, encoder, index, items, concurrency: int, params: dict) -> 
     from shoal.nodes.worker.program_runner import ProgramRunner
     from shoal.nodes.worker.retrieve_executor import RetrieveExecutor
 
-    ex = RetrieveExecutor(index, encoder)
+    from shoal.nodes.worker.encode_queue import EncodeQueue
+    from shoal.nodes.worker.encoder_calibration import load_or_calibrate
+
+    encode_queue = EncodeQueue(encoder, engine, load_or_calibrate(encoder))
+    ex = RetrieveExecutor(index, encode_queue)
     waited = [0.0]
     inner_wait = ex.wait
 
@@ -135,6 +148,7 @@ def run_shoal(engine, encoder, index, items, concurrency: int, params: dict) -> 
 
     ex.wait = wait
     runner = ProgramRunner(engine, executors={"retrieve": ex})
+    runner.encode_queue = encode_queue
     clock = StepClock(engine)
     cached0 = engine.stats.prompt_tokens_cached
     out, queue = {}, list(items)
@@ -151,8 +165,9 @@ def run_shoal(engine, encoder, index, items, concurrency: int, params: dict) -> 
     wall = time.perf_counter() - t0
     ex.close()
     return {"wall": wall, "records": out, "cached": engine.stats.prompt_tokens_cached - cached0,
-            "prefill": clock.prefill_s, "decode": clock.decode_s, "encode": ex.stats["encode_s"],
-            "retrieval_wait": waited[0], "search": ex.stats["search_s"], "searches": ex.stats["searches"]}
+            "prefill": clock.prefill_s, "decode": clock.decode_s, "encode": encode_queue.stats["encode_s"],
+            "retrieval_wait": waited[0], "search": ex.stats["search_s"], "searches": ex.stats["searches"],
+            "encoder_calls": encode_queue.stats["calls"], **projected(clock)}
 
 
 def run_lockstep(engine, encoder, index, items, concurrency: int, params: dict) -> dict:
@@ -199,11 +214,21 @@ def run_lockstep(engine, encoder, index, items, concurrency: int, params: dict) 
     wall = time.perf_counter() - t0
     return {"wall": wall, "records": out, "cached": engine.stats.prompt_tokens_cached - cached0,
             "prefill": clock.prefill_s, "decode": clock.decode_s, "encode": encode_s, "retrieval_wait": search_s,
-            "search": search_s, "searches": searches}
+            "search": search_s, "searches": searches, "encoder_calls": searches, **projected(clock)}
+
+
+def projected(clock: StepClock) -> dict:
+    """The run's engine steps replayed under the published H200 Qwen3-8B calibration
+    (PAPERS.md): what the same schedule costs where a step's time hardly grows with its
+    batch, unlike this CPU's. Encoder and search time are not in it."""
+    from shoal.scheduler.cost_model import H200_QWEN3_8B
+
+    return {"steps": len(clock.work), "h200_s": sum(H200_QWEN3_8B.step_time(p, d) for p, d in clock.work)}
 
 
 def split(r: dict) -> str:
-    return (f"prefill {r['prefill']:.1f}s, decode {r['decode']:.1f}s, encode {r['encode']:.1f}s, "
+    return (f"prefill {r['prefill']:.1f}s, decode {r['decode']:.1f}s, encode {r['encode']:.1f}s "
+            f"({r['encoder_calls']} calls), "
             f"waiting on retrieval {r['retrieval_wait']:.1f}s ({r['searches']} searches, {r['search']:.1f}s searching)")
 
 
@@ -253,6 +278,10 @@ def main() -> int:
         print(f"concurrency {conc}: shoal {s:.1f}s, lockstep {l:.1f}s: {l / s:.2f}x faster; prompt tokens saved by "
               f"prefix caching: shoal {last['shoal']['cached']}, lockstep {last['lockstep']['cached']}; "
               f"same answers {len(items) - len(diff)}/{len(items)}, errors {errors}", flush=True)
+        sh, ls = last["shoal"], last["lockstep"]
+        print(f"  engine steps: shoal {sh['steps']}, lockstep {ls['steps']}; replayed under the H200 Qwen3-8B "
+              f"calibration: shoal {sh['h200_s']:.2f}s, lockstep {ls['h200_s']:.2f}s: {ls['h200_s'] / sh['h200_s']:.2f}x",
+              flush=True)
         print(f"  shoal:    {split(last['shoal'])}", flush=True)
         print(f"  lockstep: {split(last['lockstep'])}", flush=True)
     return 0

@@ -206,6 +206,8 @@ class LLMEngine:
 
     # -- the step --------------------------------------------------------------------
 
+    last_step_work: tuple[int, int] = (0, 0)
+
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan, cached = self._plan()
@@ -222,10 +224,15 @@ class LLMEngine:
         logits, logit_chunks = self.runner.run(chunks, sample_mask)
         t2 = time.perf_counter()
         self.stats.time_model += t2 - t1
+        prefill = 0
         for seq, n in chunks:
             if seq.num_computed < seq.num_prompt_tokens:
-                self.stats.prompt_tokens_computed += min(n, seq.num_prompt_tokens - seq.num_computed)
+                prefill += min(n, seq.num_prompt_tokens - seq.num_computed)
             self._advance(seq, n)
+        self.stats.prompt_tokens_computed += prefill
+        # What this step ran, (prefill tokens, decoding sequences): the encode planner
+        # predicts the next step's time from it.
+        self.last_step_work = (prefill, sum(1 for _, n in chunks if n == 1))
         finished = self._sample([chunks[i][0] for i in logit_chunks], logits)
         self.stats.time_sample += time.perf_counter() - t2
         self.stats.steps += 1

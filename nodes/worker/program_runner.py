@@ -79,6 +79,7 @@ class ProgramRunner:
             "embed": MissingExecutor("Embed", "it hosts no encoder"),
             "retrieve": MissingExecutor("Retrieve", "no index is reachable from it"),
         }
+        self.encode_queue = None  # the worker's EncodeQueue, if it hosts an encoder
         self.coros: dict[tuple, SequenceCoroutine] = {}  # (job_id, seq_id) -> coroutine
         self.tokens: dict[tuple, int] = {}  # tokens generated so far, all operations
 
@@ -197,6 +198,8 @@ class ProgramRunner:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()
                 self.checkpoint_seconds += time.perf_counter() - t
+        if self.encode_queue is not None:
+            self.encode_queue.run()  # Embed texts and Retrieve queries, beside the step just taken
         polled = 0
         for ex in self.executors.values():
             for key, result in ex.poll():

@@ -1,9 +1,9 @@
 """Runs the Retrieve operations of program coroutines.
 
-On the compute thread (`submit`, `poll`, once per step): the query texts of every
-Retrieve submitted since the last step are embedded together in one encoder call, in
-the same loop turn as the engine's step (heterogeneous batching), checked against the
-index's encoder, and handed to the retrieval thread. That thread collects queries for
+On the compute thread (`submit`, `poll`, once per step): query texts go to the
+worker's `EncodeQueue`, which embeds them beside the engine's steps together with
+other coroutines' queries and Embed texts (heterogeneous batching: the encode planner
+decides how many go in each loop turn), and the vectors go to the retrieval thread. That thread collects queries for
 a short window, then sends each shard the whole batch in one call (`index_client.py`)
 and hands back each coroutine's hits. A coroutine waiting here holds no compute and
 no KV blocks of its own (its prefix stays in the prefix cache, evictable).
@@ -18,23 +18,22 @@ import time
 
 import numpy as np
 
-from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
-
 log = logging.getLogger(__name__)
 
 
 class RetrieveExecutor:
-    def __init__(self, client, encoder=None, window_s: float = 0.002, token_budget: int = DEFAULT_TOKEN_BUDGET):
-        self.client, self.encoder = client, encoder
-        self.window_s, self.token_budget = window_s, token_budget
-        self._to_embed: list = []  # (key, ticket, op) with a text query
+    def __init__(self, client, encode_queue=None, window_s: float = 0.002):
+        """`encode_queue`: the worker's EncodeQueue (None: no encoder, vector queries only)."""
+        self.client, self.encode_queue = client, encode_queue
+        self.encoder = encode_queue.encoder if encode_queue is not None else None
+        self.window_s = window_s
         self._live: dict = {}  # key -> ticket of its Retrieve in flight (abort drops the key)
         self._tickets = 0
         self._failed: list = []  # (key, exception) found on the compute thread
         self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector)
         self._done: queue.Queue = queue.Queue()  # (key, ticket, hits or exception)
         self._checked: dict[str, str] = {}  # index name -> its encoder, once seen to match ours
-        self.stats = {"encode_s": 0.0, "queries": 0, "searches": 0, "search_s": 0.0, "batch_max": 0}
+        self.stats = {"queries": 0, "searches": 0, "search_s": 0.0, "batch_max": 0}
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._search_loop, name="retrieve", daemon=True)
@@ -48,34 +47,26 @@ class RetrieveExecutor:
         if not isinstance(op.k, int) or isinstance(op.k, bool) or op.k < 1:
             self._failed.append((key, ValueError(f"Retrieve k must be a positive integer, got {op.k!r}")))
         elif isinstance(op.query, str):
-            if self.encoder is None:
+            if self.encode_queue is None:
                 self._failed.append((key, ValueError("a text query needs an encoder: this worker hosts none "
                                                      "(start it with --encoder), or give the query as a vector")))
             else:
-                self._to_embed.append((key, ticket, op))
+                def embedded(result, key=key, ticket=ticket, op=op):
+                    if isinstance(result, Exception):
+                        self._failed.append((key, result))
+                    else:
+                        self._queries.put((key, ticket, op.index, op.k, result[0]))
+
+                self.encode_queue.put(key, [op.query], embedded)
         else:
             self._queries.put((key, ticket, op.index, op.k, np.asarray(op.query, np.float32)))
 
     def abort(self, key) -> None:
         self._live.pop(key, None)
-        self._to_embed = [e for e in self._to_embed if e[0] != key]
-
-    def _embed_queries(self) -> None:
-        batch, self._to_embed = self._to_embed, []
-        t = time.perf_counter()
-        try:
-            vectors = self.encoder.encode([op.query for _, _, op in batch], self.token_budget).float().numpy()
-        except Exception as e:  # a bad text fails the retrievals of this batch, not the worker
-            self._failed += [(key, e) for key, _, _ in batch]
-            return
-        finally:
-            self.stats["encode_s"] += time.perf_counter() - t
-        for (key, ticket, op), v in zip(batch, vectors):
-            self._queries.put((key, ticket, op.index, op.k, v))
+        if self.encode_queue is not None:
+            self.encode_queue.cancel(key)
 
     def poll(self) -> list:
-        if self._to_embed:
-            self._embed_queries()
         out, self._failed = self._failed, []
         while True:
             try:
@@ -142,7 +133,7 @@ class RetrieveExecutor:
 
     def wait(self, timeout: float) -> None:
         """Compute thread, with nothing else to do: until some retrieval finishes."""
-        if self._done.empty() and not self._failed and not self._to_embed:
+        if self._done.empty() and not self._failed:
             self._ready.wait(timeout)
         self._ready.clear()
 

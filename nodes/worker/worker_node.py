@@ -83,7 +83,10 @@ class WorkerNode(Node):
             from shoal.nodes.worker.embed_executor import EmbedExecutor
             from shoal.nodes.worker.superbatch_runner import SuperBatchRunner
 
-            self.runner.executors["embed"] = EmbedExecutor(encoder)
+            from shoal.nodes.worker.encode_queue import EncodeQueue
+
+            self.runner.encode_queue = EncodeQueue(encoder, engine, encoder_cost)
+            self.runner.executors["embed"] = EmbedExecutor(self.runner.encode_queue)
             self.superbatches = SuperBatchRunner(encoder, self._fetch_texts, counters=self.counters)
         self.retrieve = None
         if self.etcd:  # Retrieve operations search the index shards that storage nodes publish
@@ -91,7 +94,7 @@ class WorkerNode(Node):
             from shoal.nodes.worker.retrieve_executor import RetrieveExecutor
 
             self.retrieve = RetrieveExecutor(IndexClient(self.etcd, self.cluster, self.ctx, timeout_s=retrieve_timeout),
-                                             encoder, window_s=retrieve_window_s)
+                                             self.runner.encode_queue, window_s=retrieve_window_s)
             self.runner.executors["retrieve"] = self.retrieve
         self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
                                    lambda job_id: self.jobs.get(job_id, {}))
@@ -262,6 +265,7 @@ class WorkerNode(Node):
                                      "highwater": dict(self.superbatches.highwater)}} if self.superbatches else {}),
                 **({"retrieve": {**self.retrieve.stats, "failovers": self.retrieve.client.failovers}}
                    if self.retrieve is not None else {}),
+                **({"encode": dict(self.runner.encode_queue.stats)} if self.runner.encode_queue is not None else {}),
                 **self._engine_snapshot}
 
     # -- compute thread --------------------------------------------------------------------

@@ -26,3 +26,11 @@ def test_engine_step_time_from_the_cost_model():
     assert cm.step_time(0, 32) == 8e-3 + 32 * 5e-5
     assert cm.step_time(256, 0) == 1e-3 + 256 * 2e-5
     assert cm.step_time(100, 10) == 8e-3 + 100 * 2e-5 + 10 * 5e-5
+
+
+def test_a_few_short_texts_wait_to_amortize_the_call_while_the_engine_is_busy():
+    cost = EncoderCost(a=10e-3, c=0.1e-3, t_call=0.0)  # a query of 20 tokens: 2 ms beside a 10 ms overhead
+    assert plan_encode([20, 20], 0.005, cost, 2048) == 0  # deferred
+    assert plan_encode([20, 20], 0.005, cost, 2048, oldest_wait_steps=4) == 2  # waited long enough
+    assert plan_encode([20] * 5, 0.005, cost, 2048) >= 5  # an amortizing batch goes at once
+    assert plan_encode([20, 20], 0.0, cost, 2048) == 2  # the engine is idle: nobody to stall

@@ -91,7 +91,10 @@ class Encoder:
     def encode(self, texts: list[str], token_budget: int = DEFAULT_TOKEN_BUDGET) -> torch.Tensor:
         """Embeddings in input order. Texts are sorted by length and cut into
         micro-batches of at most `token_budget` padded tokens, then put back in order."""
-        ids = self.tokenize(texts)
+        return self.encode_tokenized(self.tokenize(texts), token_budget)
+
+    def encode_tokenized(self, ids: list[list[int]], token_budget: int = DEFAULT_TOKEN_BUDGET) -> torch.Tensor:
+        """`encode` of texts already tokenized."""
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = torch.empty(len(ids), self.dim)
         for chunk in micro_batches([len(ids[i]) for i in order], token_budget):

@@ -1,0 +1,92 @@
+"""Texts waiting for the worker's encoder: those of Embed operations and the text
+queries of Retrieve operations, from every coroutine.
+
+Texts are tokenized when they arrive. Once per loop turn, after the engine's step, the
+runner calls `run`: `scheduler/encode_planner.plan_encode` decides how many of the
+oldest texts go now (from the engine step's predicted time, the encoder's cost terms,
+and how long the oldest has waited), and those are encoded in one call, cut into
+length-sorted micro-batches. A request's texts always go together. Compute thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from shoal.scheduler.embed_prediction import EncoderCost
+from shoal.scheduler.encode_planner import plan_encode
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
+
+
+@dataclass
+class _Request:
+    key: object
+    ids: list[list[int]]
+    done: Callable  # called with the vectors (numpy [texts, dim]) or an exception
+    waited: int = 0  # loop turns spent queued
+
+
+class EncodeQueue:
+    def __init__(self, encoder, engine=None, cost: dict | None = None, token_budget: int = DEFAULT_TOKEN_BUDGET):
+        self.encoder, self.engine, self.token_budget = encoder, engine, token_budget
+        self.cost = EncoderCost(cost["a"], cost["c"], 0.0) if cost else None
+        self._queue: list[_Request] = []
+        self.stats = {"encode_s": 0.0, "calls": 0, "texts": 0, "deferred": 0}
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, key, texts: list[str], done: Callable) -> None:
+        if not texts:
+            done(np.zeros((0, self.encoder.dim), np.float32))
+            return
+        try:
+            ids = self.encoder.tokenize(list(texts))
+        except Exception as e:  # a text the tokenizer refuses fails its own request
+            done(e)
+            return
+        self._queue.append(_Request(key, ids, done))
+
+    def cancel(self, key) -> None:
+        self._queue = [r for r in self._queue if r.key != key]
+
+    def _engine_step_s(self) -> float:
+        """The engine's next step, predicted from its last one; 0 when it is idle."""
+        e = self.engine
+        if e is None or not e.has_unfinished() or getattr(e, "cost_model", None) is None:
+            return 0.0
+        return e.cost_model.step_time(*e.last_step_work)
+
+    def run(self) -> None:
+        if not self._queue:
+            return
+        lengths = [len(t) for r in self._queue for t in r.ids]
+        n = plan_encode(lengths, self._engine_step_s(), self.cost, self.token_budget, self._queue[0].waited)
+        take, count = 0, 0
+        while take < len(self._queue) and (count < n or take == 0) and n:
+            count += len(self._queue[take].ids)
+            take += 1
+        batch, self._queue = self._queue[:take], self._queue[take:]
+        for r in self._queue:
+            r.waited += 1
+        if not batch:
+            self.stats["deferred"] += 1
+            return
+        t = time.perf_counter()
+        try:
+            vectors = self.encoder.encode_tokenized([t for r in batch for t in r.ids], self.token_budget).float().numpy()
+        except Exception as e:  # fails the requests of this call, never the worker
+            for r in batch:
+                r.done(e)
+            return
+        finally:
+            self.stats["encode_s"] += time.perf_counter() - t
+        self.stats["calls"] += 1
+        self.stats["texts"] += len(vectors)
+        i = 0
+        for r in batch:
+            r.done(vectors[i:i + len(r.ids)])
+            i += len(r.ids)
