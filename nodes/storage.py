@@ -22,6 +22,7 @@ from shoal.generate_input import InputError
 from shoal.nodes.checkpoint_store import CheckpointStore
 from shoal.nodes.embedding_jobs import EmbeddingJobs
 from shoal.nodes.index_service import IndexService
+from shoal.nodes.search_server import SearchServer
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
@@ -67,7 +68,9 @@ class StorageNode(Node):
         self.indexes = IndexService(self.dir, None)
         super().__init__(node_id, info={"indexes": self.indexes.published()}, **kw)
         self.embedding.counters = self.indexes.counters = self.counters
+        self.search = SearchServer(self, self.indexes.on_search, kw.get("bind", "tcp://127.0.0.1:0"), self.advertise)
         if self.registration is not None:
+            self.registration.publish(search_address=self.search.address)
             self.indexes.publish = lambda indexes: self.registration.publish(indexes=indexes)
 
     def handler_table(self) -> dict:
@@ -239,6 +242,7 @@ class StorageNode(Node):
         log.info("[compact] %s: %s", job_id, ", ".join(written.values()))
 
     def close(self) -> None:
+        self.search.close()
         for t in self._compactions:
             t.join(timeout=30)
         for rl in self.logs.values():

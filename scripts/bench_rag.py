@@ -234,7 +234,8 @@ def split(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=".bench/model-tiny", help="decoder (made from the tiny preset if missing)")
+    ap.add_argument("--model", default=".bench/model-tiny", help="decoder (made from --preset if missing)")
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "small"])
     ap.add_argument("--index", default=".bench/w3-index", help="built here from 2000 stdlib passages if missing")
     ap.add_argument("--passages", type=int, default=2000)
     ap.add_argument("--questions", type=int, default=256)
@@ -253,7 +254,7 @@ def main() -> int:
     if not Path(args.model, "config.json").exists():
         from shoal.nodes.worker.models.make_model import make_model
 
-        make_model(args.model, preset="tiny", dtype="float32")
+        make_model(args.model, preset=args.preset, dtype="float32")
     encoder = Encoder(minilm())
     ensure_index(Path(args.index), encoder, args.passages)
     index = LocalIndex(Path(args.index))

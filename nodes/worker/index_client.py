@@ -56,7 +56,8 @@ class IndexClient:
             if pub:
                 entry = by_id.setdefault(pub["index_id"], {"info": pub, "replicas": [[] for _ in range(pub["shards_total"])]})
                 for shard in pub["shards"]:
-                    entry["replicas"][shard].append((node_id, m.info["address"]))
+                    # Searches go to the node's search socket, apart from its write path.
+                    entry["replicas"][shard].append((node_id, m.info.get("search_address") or m.info["address"]))
         complete = [e for e in by_id.values() if all(e["replicas"])]
         if not by_id:
             raise IndexUnavailable(f"no storage node holds index {name!r} (load it with `shoal index load` or "
