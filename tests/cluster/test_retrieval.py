@@ -122,8 +122,20 @@ def test_bad_rag_input_gets_clear_errors(rag_cluster, tiny_encoder):
     bad.write_text('{"id": "a", "question": "fine?"}\n{"id": "b", "question": \n')
     with pytest.raises(InputError, match=r"bad.jsonl:2"):
         read_questions(bad)
-    # A wrong protocol use of the storage side: a shard it does not hold.
+    # Bad searches at storage's search socket: each gets an error naming it, and the
+    # node goes on answering.
+    info = {m["node_id"]: m["info"] for m in client.cluster_info()}
+    holder = next(n for n, i in info.items() if "one" in i.get("indexes", {}))
+    search = shoal.rpc.RpcClient(info[holder]["search_address"])
+    shard = info[holder]["indexes"]["one"]["shards"][0]
     with pytest.raises(RemoteError, match="storage holds no shard 7 of index 'one'"):
-        shoal.rpc.RpcClient(c.nodes["storage-0"][2]).request(
-            "SearchIndex", {"name": "one", "index_id": "", "shard": 7, "k": 1, "count": 1},
-            {"queries": np.zeros(384, np.float32).tobytes()})
+        search.request("SearchIndex", {"name": "one", "index_id": "", "shard": 7, "k": 1, "count": 1},
+                       {"queries": np.zeros(384, np.float32).tobytes()})
+    with pytest.raises(RemoteError, match="queries blob of 12 bytes is not 1 float32 vectors of dimension 384"):
+        search.request("SearchIndex", {"name": "one", "index_id": "", "shard": shard, "k": 1, "count": 1},
+                       {"queries": b"\0" * 12})
+    with pytest.raises(RemoteError, match="the search socket answers SearchIndex only"):
+        search.request("StatsQuery", {})
+    ok = search.request("SearchIndex", {"name": "one", "index_id": "", "shard": shard, "k": 2, "count": 1},
+                        {"queries": np.ones(384, np.float32).tobytes()})
+    assert len(ok["hits"][0]) == 2
