@@ -152,7 +152,10 @@ class ProgramRunner:
             except Exception as e:  # bad parameters (wrong types too) fail this sequence only
                 return self._fail(key, _message(sid, e))
             return []
-        self.executors[out.kind].submit(key, out)
+        try:
+            self.executors[out.kind].submit(key, out)
+        except Exception as e:  # an executor's bug or a malformed operation fails this sequence only
+            return self._fail(key, _message(sid, e))
         return []
 
     def _fail(self, key: tuple, message: str) -> list:

@@ -3,9 +3,9 @@
 On the compute thread (`submit`, `poll`, once per step): query texts go to the
 worker's `EncodeQueue`, which embeds them beside the engine's steps together with
 other coroutines' queries and Embed texts (heterogeneous batching: the encode planner
-decides how many go in each loop turn), and the vectors go to the retrieval thread. That thread collects queries for
-a short window, then sends each shard the whole batch in one call (`index_client.py`)
-and hands back each coroutine's hits. A coroutine waiting here holds no compute and
+decides how many go in each loop turn), and the vectors go to the retrieval thread.
+That thread collects queries for a short window, then sends each shard the whole batch
+in one call (`index_client.py`) and hands back each coroutine's hits. A coroutine waiting here holds no compute and
 no KV blocks of its own (its prefix stays in the prefix cache, evictable).
 """
 
@@ -29,7 +29,7 @@ class RetrieveExecutor:
         self.window_s = window_s
         self._live: dict = {}  # key -> ticket of its Retrieve in flight (abort drops the key)
         self._tickets = 0
-        self._failed: list = []  # (key, exception) found on the compute thread
+        self._failed: list = []  # (key, ticket, exception) found on the compute thread
         self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector)
         self._done: queue.Queue = queue.Queue()  # (key, ticket, hits or exception)
         self._checked: dict[str, str] = {}  # index name -> its encoder, once seen to match ours
@@ -45,21 +45,31 @@ class RetrieveExecutor:
         self._tickets += 1
         ticket = self._live[key] = self._tickets
         if not isinstance(op.k, int) or isinstance(op.k, bool) or op.k < 1:
-            self._failed.append((key, ValueError(f"Retrieve k must be a positive integer, got {op.k!r}")))
+            self._failed.append((key, ticket, ValueError(f"Retrieve k must be a positive integer, got {op.k!r}")))
+        elif not isinstance(op.index, str):
+            self._failed.append((key, ticket, ValueError(f"Retrieve index must be a name, got {op.index!r}")))
         elif isinstance(op.query, str):
             if self.encode_queue is None:
-                self._failed.append((key, ValueError("a text query needs an encoder: this worker hosts none "
-                                                     "(start it with --encoder), or give the query as a vector")))
+                self._failed.append((key, ticket, ValueError("a text query needs an encoder: this worker hosts none "
+                                                             "(start it with --encoder), or give the query as a vector")))
             else:
                 def embedded(result, key=key, ticket=ticket, op=op):
                     if isinstance(result, Exception):
-                        self._failed.append((key, result))
+                        self._failed.append((key, ticket, result))
                     else:
                         self._queries.put((key, ticket, op.index, op.k, result[0]))
 
                 self.encode_queue.put(key, [op.query], embedded)
         else:
-            self._queries.put((key, ticket, op.index, op.k, np.asarray(op.query, np.float32)))
+            try:
+                vector = np.asarray(op.query, np.float32)
+                if vector.ndim != 1 or not len(vector) or not np.isfinite(vector).all():
+                    raise ValueError(f"shape {vector.shape}")
+            except (TypeError, ValueError) as e:  # fails this sequence, nothing else
+                self._failed.append((key, ticket, ValueError(f"a Retrieve query must be a text or a vector of "
+                                                             f"finite numbers ({e})")))
+                return
+            self._queries.put((key, ticket, op.index, op.k, vector))
 
     def abort(self, key) -> None:
         self._live.pop(key, None)
@@ -67,17 +77,17 @@ class RetrieveExecutor:
             self.encode_queue.cancel(key)
 
     def poll(self) -> list:
-        out, self._failed = self._failed, []
+        finished, self._failed = self._failed, []
         while True:
             try:
-                key, ticket, result = self._done.get_nowait()
+                finished.append(self._done.get_nowait())
             except queue.Empty:
                 break
+        out = []
+        for key, ticket, result in finished:
             if self._live.get(key) == ticket:  # not aborted (or moved and back) meanwhile
                 del self._live[key]
                 out.append((key, result))
-        for key, _ in out:
-            self._live.pop(key, None)
         return out
 
     # -- retrieval thread ----------------------------------------------------------------

@@ -139,3 +139,17 @@ def test_bad_rag_input_gets_clear_errors(rag_cluster, tiny_encoder):
     ok = search.request("SearchIndex", {"name": "one", "index_id": "", "shard": shard, "k": 2, "count": 1},
                         {"queries": np.ones(384, np.float32).tobytes()})
     assert len(ok["hits"][0]) == 2
+
+
+def bad_vector(item):
+    hits = yield Retrieve(query=[1.0, "x"], k=2)
+    return {"hits": hits}
+
+
+def test_a_malformed_query_fails_only_its_sequence(rag_cluster):
+    c, client, corpus, emb, tmp = rag_cluster
+    client.load_index(tmp / "index1", "default")
+    recs = {r["id"]: r for r in client.submit([{"id": "bad"}], program="test_retrieval:bad_vector").wait(timeout=60)}
+    assert "a Retrieve query must be a text or a vector of finite numbers" in recs["bad"]["error"]
+    ok = client.submit(rag_items(corpus, 1), program="ircot", params={"k": 2}).wait(timeout=60)
+    assert "error" not in ok[0] and len(ok[0]["hops"][0]["passages"]) == 2
