@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def index_id(folder: str | Path) -> str:
-    """An index's identity: its manifest's content (which names every shard file)."""
+    """An index's identity: its manifest's content (which holds a digest of every shard's
+    vectors and ids, and when it was built)."""
     return hashlib.blake2b((Path(folder) / "index.json").read_bytes(), digest_size=8).hexdigest()
 
 
@@ -41,7 +42,7 @@ class IndexService:
                 for shard in rec["shards"]:
                     try:
                         self._load(name, rec["path"], shard)
-                    except (IndexError_, OSError) as e:  # a vanished index must not keep the node down
+                    except Exception as e:  # a vanished or corrupt index must not keep the node down
                         log.error("[index] %s shard %d at %s not reloaded: %s", name, shard, rec["path"], e)
 
     def handlers(self) -> dict:
@@ -52,27 +53,30 @@ class IndexService:
         size, shard count and the shards held here."""
         return {name: {"index_id": rec["index_id"], "encoder": rec["meta"]["encoder"], "dim": rec["meta"]["dim"],
                        "rows": rec["meta"]["rows"], "shards_total": len(rec["meta"]["shards"]),
-                       "shards": sorted(rec["shards"])} for name, rec in self.loaded.items()}
+                       "built_at": rec["meta"].get("built_at", 0.0), "shards": sorted(rec["shards"])}
+                for name, rec in self.loaded.items() if rec["shards"]}
 
     def _load(self, name: str, path: str, shard: int) -> IndexShard:
         iid = index_id(path)
         rec = self.loaded.get(name)
-        if rec is None or rec["index_id"] != iid:  # a new index under this name replaces the old one
+        if rec is not None and rec["index_id"] == iid and rec["path"] == path and shard in rec["shards"]:
+            return rec["shards"][shard]
+        loaded = IndexShard(path, shard)  # first: a shard that fails to load changes nothing here
+        if rec is None or rec["index_id"] != iid or rec["path"] != path:  # another index under this name replaces it
             if rec is not None:
-                log.info("[index] %s: replacing index %s with %s", name, rec["index_id"], iid)
-            rec = self.loaded[name] = {"path": path, "index_id": iid, "meta": None, "shards": {}}
-        if shard not in rec["shards"]:
-            rec["shards"][shard] = IndexShard(path, shard)
-            rec["meta"] = rec["shards"][shard].meta
-            log.info("[index] %s shard %d loaded from %s: %d passages", name, shard, path, rec["shards"][shard].rows)
-        return rec["shards"][shard]
+                log.info("[index] %s: replacing index %s (%s) with %s (%s)", name, rec["index_id"], rec["path"], iid, path)
+            rec = self.loaded[name] = {"path": path, "index_id": iid, "meta": loaded.meta, "shards": {}}
+        rec["shards"][shard] = loaded
+        log.info("[index] %s shard %d loaded from %s: %d passages", name, shard, path, loaded.rows)
+        return loaded
 
     def on_load_shard(self, msg: Message):
         path = str(Path(msg["path"]).resolve())
         try:
             shard = self._load(msg["name"], path, msg["shard"])
-        except (IndexError_, OSError) as e:
-            raise ProtocolError(ProtocolError.BAD_INPUT, f"index {msg['name']!r} shard {msg['shard']}: {e}") from None
+        except Exception as e:  # a missing or corrupt file: refused by name, nothing changes here
+            raise ProtocolError(ProtocolError.BAD_INPUT, f"index {msg['name']!r} shard {msg['shard']}: "
+                                f"{e if isinstance(e, (IndexError_, OSError)) else f'{type(e).__name__}: {e}'}") from None
         write_atomic(self.record, orjson.dumps({n: {"path": r["path"], "shards": sorted(r["shards"])}
                                                 for n, r in self.loaded.items()}))
         if self.publish:

@@ -167,7 +167,7 @@ def run_shoal(engine, encoder, index, items, concurrency: int, params: dict) -> 
     return {"wall": wall, "records": out, "cached": engine.stats.prompt_tokens_cached - cached0,
             "prefill": clock.prefill_s, "decode": clock.decode_s, "encode": encode_queue.stats["encode_s"],
             "retrieval_wait": waited[0], "search": ex.stats["search_s"], "searches": ex.stats["searches"],
-            "encoder_calls": encode_queue.stats["calls"], **projected(clock)}
+            "encoder_calls": encode_queue.stats["calls"], "refit": encode_queue.stats.get("refit"), **projected(clock)}
 
 
 def run_lockstep(engine, encoder, index, items, concurrency: int, params: dict) -> dict:
@@ -283,7 +283,9 @@ def main() -> int:
         print(f"  engine steps: shoal {sh['steps']}, lockstep {ls['steps']}; replayed under the H200 Qwen3-8B "
               f"calibration: shoal {sh['h200_s']:.2f}s, lockstep {ls['h200_s']:.2f}s: {ls['h200_s'] / sh['h200_s']:.2f}x",
               flush=True)
-        print(f"  shoal:    {split(last['shoal'])}", flush=True)
+        refit = sh.get("refit")
+        print(f"  shoal:    {split(last['shoal'])}" + (f"; encoder terms refitted to a {refit['a'] * 1e3:.1f} ms, "
+                                                          f"c {refit['c'] * 1e6:.0f} us/token" if refit else ""), flush=True)
         print(f"  lockstep: {split(last['lockstep'])}", flush=True)
     return 0
 

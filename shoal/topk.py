@@ -14,6 +14,7 @@ def top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     """Rows of `scores` [queries, rows] -> (row indices [queries, k'], scores [queries, k'])
     with k' = min(k, rows), best first. `ids` [rows] holds the passage ids (str) that
     break ties."""
+    scores = np.where(np.isnan(scores), -np.inf, scores)  # a NaN never outranks a number, nor breaks the partition
     q, n = scores.shape
     k = min(k, n)
     if k == 0:

@@ -1,7 +1,7 @@
 """A vector index on disk, built from an embedding job's output (`shoal index build`).
 
-    <dir>/index.json              {format, kind, encoder, dim, metric, rows,
-                                   shards: [{file, rows}]}
+    <dir>/index.json              {format, kind, encoder, dim, metric, rows, built_at,
+                                   shards: [{file, rows, digest}]}
     <dir>/shard-NNNNN.safetensors "vectors": float32 [rows, dim]
     <dir>/shard-NNNNN.parquet     id (string), text (string): row i of the vectors
 
@@ -15,7 +15,9 @@ Torch-free: the CLI, the SDK and storage nodes read it.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,10 +78,13 @@ class _ShardWriter:
         self.tmp.mkdir(parents=True)
         self.bounds = np.linspace(0, total, shards + 1).round().astype(int)
         self.meta = {"format": FORMAT, "kind": "exact", "encoder": encoder, "dim": dim, "metric": "ip",
-                     "rows": total, "shards": []}
+                     "rows": total, "built_at": time.time(), "shards": []}
         self.ids, self.texts, self.vecs, self.done = [], [], [], 0
 
     def add(self, ids: list, texts: list, matrix: np.ndarray) -> None:
+        if not np.isfinite(matrix).all():
+            bad = int(np.flatnonzero(~np.isfinite(matrix).all(axis=1))[0])
+            raise IndexError_(f"passage {ids[bad]!r} has a vector with NaN or infinite values")
         pos = 0
         while pos < len(ids):
             shard = len(self.meta["shards"])
@@ -97,11 +102,15 @@ class _ShardWriter:
         from safetensors.numpy import save_file
 
         name = f"shard-{shard:05d}"
-        save_file({"vectors": np.ascontiguousarray(np.concatenate(self.vecs).astype(np.float32))},
-                  str(self.tmp / f"{name}.safetensors"))
+        vectors = np.ascontiguousarray(np.concatenate(self.vecs).astype(np.float32))
+        save_file({"vectors": vectors}, str(self.tmp / f"{name}.safetensors"))
+        digest = hashlib.blake2b(vectors.tobytes(), digest_size=12)
+        for i in self.ids:
+            digest.update(i.encode() + b"\0")
         pq.write_table(pa.table({"id": pa.array(self.ids, pa.string()), "text": pa.array(self.texts, pa.string())}),
                        self.tmp / f"{name}.parquet")
-        self.meta["shards"].append({"file": name, "rows": len(self.ids)})
+        # The digest makes the manifest (and so the index's id) change with its content.
+        self.meta["shards"].append({"file": name, "rows": len(self.ids), "digest": digest.hexdigest()})
         self.ids, self.texts, self.vecs = [], [], []
 
     def finish(self) -> dict:

@@ -5,7 +5,9 @@ Texts are tokenized when they arrive. Once per loop turn, after the engine's ste
 runner calls `run`: `scheduler/encode_planner.plan_encode` decides how many of the
 oldest texts go now (from the engine step's predicted time, the encoder's cost terms,
 and how long the oldest has waited), and those are encoded in one call, cut into
-length-sorted micro-batches. A request's texts always go together. Compute thread only.
+length-sorted micro-batches. A request's texts always go together. The encoder's terms
+start from the worker's calibration and are refitted to the calls made here. Compute
+thread only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,11 @@ import numpy as np
 
 from shoal.scheduler.embed_prediction import EncoderCost
 from shoal.scheduler.encode_planner import plan_encode
-from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
+from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
+
+REFIT_CALLS = 64  # the encoder's terms are refitted to this many recent calls
+REFIT_MIN = 8
+REFIT_EVERY = 8
 
 
 @dataclass
@@ -33,6 +39,7 @@ class EncodeQueue:
     def __init__(self, encoder, engine=None, cost: dict | None = None, token_budget: int = DEFAULT_TOKEN_BUDGET):
         self.encoder, self.engine, self.token_budget = encoder, engine, token_budget
         self.cost = EncoderCost(cost["a"], cost["c"], 0.0) if cost else None
+        self._calls: list[tuple[int, int, float]] = []  # (micro-batches, padded tokens, seconds), recent
         self._queue: list[_Request] = []
         self.stats = {"encode_s": 0.0, "calls": 0, "texts": 0, "deferred": 0}
 
@@ -52,6 +59,22 @@ class EncodeQueue:
 
     def cancel(self, key) -> None:
         self._queue = [r for r in self._queue if r.key != key]
+
+    def _observe(self, lengths: list[int], seconds: float) -> None:
+        """Refits the encoder's terms to the calls this queue made: the start-up
+        calibration fits large micro-batches, and a few short queries cost more per
+        call than it says."""
+        cuts = micro_batches(lengths, self.token_budget)
+        self._calls = self._calls[-(REFIT_CALLS - 1):] + [(len(cuts), sum(len(r) * lengths[r.stop - 1] for r in cuts),
+                                                           seconds)]
+        if len(self._calls) < REFIT_MIN or len(self._calls) % REFIT_EVERY:
+            return
+        x = np.array([(m, p) for m, p, _ in self._calls], float)
+        y = np.array([t for *_, t in self._calls])
+        (a, c), *_ = np.linalg.lstsq(x, y, rcond=None)
+        if a > 0 and c > 0:  # shapes too alike to separate the terms: keep what we had
+            self.cost = EncoderCost(float(a), float(c), 0.0)
+            self.stats["refit"] = {"a": float(a), "c": float(c)}
 
     def _engine_step_s(self) -> float:
         """The engine's next step, predicted from its last one; 0 when it is idle."""
@@ -75,15 +98,18 @@ class EncodeQueue:
         if not batch:
             self.stats["deferred"] += 1
             return
+        ids = [t for r in batch for t in r.ids]
         t = time.perf_counter()
         try:
-            vectors = self.encoder.encode_tokenized([t for r in batch for t in r.ids], self.token_budget).float().numpy()
+            vectors = self.encoder.encode_tokenized(ids, self.token_budget).float().numpy()
         except Exception as e:  # fails the requests of this call, never the worker
             for r in batch:
                 r.done(e)
             return
         finally:
-            self.stats["encode_s"] += time.perf_counter() - t
+            elapsed = time.perf_counter() - t
+            self.stats["encode_s"] += elapsed
+        self._observe(sorted(map(len, ids)), elapsed)
         self.stats["calls"] += 1
         self.stats["texts"] += len(vectors)
         i = 0

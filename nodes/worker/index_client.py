@@ -28,6 +28,15 @@ class IndexUnavailable(RuntimeError):
     """The index, or one of its shards, cannot be searched; the message says why."""
 
 
+class SearchRefused(ValueError):
+    """A replica refused the search itself (bad queries, or a bug): another replica
+    would too, so it is not retried."""
+
+
+# Errors that say "not here, try another replica"; any other is about the request.
+FAILOVER_CODES = ("unknown_index", "unavailable", "stale_epoch")
+
+
 class IndexClient:
     def __init__(self, etcd: str, cluster: str, ctx, timeout_s: float = 30.0, attempt_s: float = 5.0):
         self.etcd, self.cluster, self.ctx = etcd, cluster, ctx
@@ -47,9 +56,9 @@ class IndexClient:
         return self._view.snapshot("storage")
 
     def locate(self, name: str) -> tuple[dict, list[list[tuple[str, str]]]]:
-        """(the index as published, replicas[shard] = [(node id, address), ...]). An
-        index loaded in two versions under one name is searched in the newer-looking
-        one only if every shard of it is somewhere; otherwise that is an error."""
+        """(the index as published, replicas[shard] = [(node id, address), ...]). If
+        two builds are loaded under one name, the newest one with every shard
+        somewhere is the index."""
         by_id: dict[str, dict] = {}
         for node_id, m in sorted(self._members().items()):
             pub = m.info.get("indexes", {}).get(name)
@@ -62,11 +71,13 @@ class IndexClient:
         if not by_id:
             raise IndexUnavailable(f"no storage node holds index {name!r} (load it with `shoal index load` or "
                                    "Client.load_index)")
-        if len(complete) != 1:
+        if not complete:
             missing = {iid: [s for s, r in enumerate(e["replicas"]) if not r] for iid, e in by_id.items()}
-            raise IndexUnavailable(f"index {name!r}: " + ("; ".join(f"version {iid} lacks shards {m}" for iid, m in missing.items())
-                                                          if not complete else f"{len(complete)} versions are loaded"))
-        return complete[0]["info"], complete[0]["replicas"]
+            raise IndexUnavailable(f"index {name!r}: " + "; ".join(f"version {iid} lacks shards {m}"
+                                                                    for iid, m in missing.items()))
+        # A node that missed a reload may still hold an older build: the newest complete one is the index.
+        newest = max(complete, key=lambda e: (e["info"].get("built_at", 0.0), e["info"]["index_id"]))
+        return newest["info"], newest["replicas"]
 
     def _client(self, address: str) -> RpcClient:
         clients = self._local.__dict__.setdefault("clients", {})
@@ -91,13 +102,15 @@ class IndexClient:
                 self.failovers += bool(tried)
                 return reply["hits"]
             except (TimeoutError, RemoteError, OSError) as e:
+                if isinstance(e, RemoteError) and e.code not in FAILOVER_CODES:
+                    raise SearchRefused(f"index {name!r} shard {shard} on {node_id}: {e.message}") from None
                 self._suspect[node_id] = time.monotonic() + SUSPECT_S
                 if isinstance(e, TimeoutError):  # its socket may hold the lost request: start afresh
                     self._local.clients.pop(address).close()
                 tried.append(f"{node_id}: {e}")
         raise IndexUnavailable(f"index {name!r} shard {shard}: no replica answered ({'; '.join(tried)})")
 
-    def search(self, name: str, queries: np.ndarray, k: int, dim: int | None = None) -> list[list[dict]]:
+    def search(self, name: str, queries: np.ndarray, k: int) -> list[list[dict]]:
         """Top-k hits ({id, score, text}, best first) per query row, over every shard."""
         deadline = time.monotonic() + self.timeout_s
         while True:

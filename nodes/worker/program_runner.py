@@ -189,9 +189,11 @@ class ProgramRunner:
                 self._marks[key] = n
                 self._checkpoint(key, {"output_token_ids": list(seq.output_token_ids), "margins": list(seq.margins)})
 
-    def step(self) -> list:
+    def step(self, idle_wait: bool = True) -> list:
         """One engine step, then whatever other executors finished. Returns
-        (job_id, record, tokens) for every sequence whose program ended."""
+        (job_id, record, tokens) for every sequence whose program ended. With
+        `idle_wait` and nothing to run, it blocks briefly on an executor; a loop with
+        other work (SuperBatches) passes False."""
         done = []
         if self.engine.has_unfinished():
             for o in self.engine.step():
@@ -209,7 +211,7 @@ class ProgramRunner:
                 polled += 1
                 done += self._fail(key, _message(key[1], result)) if isinstance(result, Exception) \
                     else self._resume(key, result)
-        if not polled and not self.engine.has_unfinished():
+        if idle_wait and not polled and not self.engine.has_unfinished():
             # Every sequence waits on another executor: block on one briefly instead of
             # spinning a core (new assignments wait at most this long).
             for ex in self.executors.values():

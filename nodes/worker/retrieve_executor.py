@@ -30,9 +30,8 @@ class RetrieveExecutor:
         self._live: dict = {}  # key -> ticket of its Retrieve in flight (abort drops the key)
         self._tickets = 0
         self._failed: list = []  # (key, ticket, exception) found on the compute thread
-        self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector)
+        self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector, embedded here)
         self._done: queue.Queue = queue.Queue()  # (key, ticket, hits or exception)
-        self._checked: dict[str, str] = {}  # index name -> its encoder, once seen to match ours
         self.stats = {"queries": 0, "searches": 0, "search_s": 0.0, "batch_max": 0}
         self._ready = threading.Event()
         self._stop = threading.Event()
@@ -56,8 +55,11 @@ class RetrieveExecutor:
                 def embedded(result, key=key, ticket=ticket, op=op):
                     if isinstance(result, Exception):
                         self._failed.append((key, ticket, result))
+                    elif not np.isfinite(result[0]).all():
+                        self._failed.append((key, ticket, ValueError("the encoder gave this query a vector with NaN "
+                                                                     "or infinite values")))
                     else:
-                        self._queries.put((key, ticket, op.index, op.k, result[0]))
+                        self._queries.put((key, ticket, op.index, op.k, result[0], True))
 
                 self.encode_queue.put(key, [op.query], embedded)
         else:
@@ -69,7 +71,7 @@ class RetrieveExecutor:
                 self._failed.append((key, ticket, ValueError(f"a Retrieve query must be a text or a vector of "
                                                              f"finite numbers ({e})")))
                 return
-            self._queries.put((key, ticket, op.index, op.k, vector))
+            self._queries.put((key, ticket, op.index, op.k, vector, False))
 
     def abort(self, key) -> None:
         self._live.pop(key, None)
@@ -92,17 +94,18 @@ class RetrieveExecutor:
 
     # -- retrieval thread ----------------------------------------------------------------
 
-    def _check_encoder(self, name: str) -> None:
-        """Text queries are embedded with this worker's encoder: the index must have
-        been built with the same one."""
-        if self.encoder is None or self._checked.get(name) == self.encoder.fingerprint:
-            return
-        info = self.client.describe(name)
-        if info["encoder"] != self.encoder.fingerprint:
-            raise ValueError(f"index {name!r} was built with encoder {info['encoder']} (dimension {info['dim']}); "
-                             f"this worker embeds queries with encoder {self.encoder.fingerprint} "
-                             f"({self.encoder.folder}): rebuild the index or start workers with its encoder")
-        self._checked[name] = info["encoder"]
+    def _refusal(self, info: dict, name: str, entry) -> Exception | None:
+        """Why this index cannot answer this query, if it cannot: k beyond its size, or
+        a text query embedded by another encoder than the index's."""
+        if entry[3] > info["rows"]:
+            return ValueError(f"k={entry[3]} is larger than index {name!r} ({info['rows']} passages)")
+        if entry[5] and info["encoder"] != self.encoder.fingerprint:
+            return ValueError(f"index {name!r} was built with encoder {info['encoder']} (dimension {info['dim']}); "
+                              f"this worker embeds queries with encoder {self.encoder.fingerprint} "
+                              f"({self.encoder.folder}): rebuild the index or start workers with its encoder")
+        if len(entry[4]) != info["dim"]:
+            return ValueError(f"a query of dimension {len(entry[4])} cannot search index {name!r} of dimension {info['dim']}")
+        return None
 
     def _search_loop(self) -> None:
         while not self._stop.is_set():
@@ -117,22 +120,37 @@ class RetrieveExecutor:
                     batch.append(self._queries.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            groups: dict[tuple, list] = {}  # one call per index (and query dimension)
+            groups: dict[str, list] = {}  # one call per index
             for entry in batch:
-                groups.setdefault((entry[2], len(entry[4])), []).append(entry)
-            for (name, _), entries in groups.items():
-                self._search(name, entries)
+                groups.setdefault(entry[2], []).append(entry)
+            for name, entries in groups.items():
+                try:
+                    self._search(name, entries)
+                except Exception as e:  # a bug here must fail these queries, never stop the thread
+                    log.exception("[retrieve] search of index %r failed", name)
+                    for key, ticket, *_ in entries:
+                        self._done.put((key, ticket, e))
+                    self._ready.set()
 
     def _search(self, name: str, entries: list) -> None:
         t = time.perf_counter()
         try:
-            self._check_encoder(name)
-            k = max(e[3] for e in entries)  # each takes its own k off the top: same order
-            hits = self.client.search(name, np.stack([e[4] for e in entries]), k)
-            results = [h[:e[3]] for e, h in zip(entries, hits)]
-        except Exception as e:  # the whole batch fails alike: each sequence records why
+            info = self.client.describe(name)
+            refused = [self._refusal(info, name, e) for e in entries]
+            for (key, ticket, *_), why in zip(entries, refused):
+                if why is not None:  # fails its own sequence, not the batch
+                    self._done.put((key, ticket, why))
+            entries = [e for e, why in zip(entries, refused) if why is None]
+            if entries:
+                k = max(e[3] for e in entries)  # each takes its own k off the top: same order
+                hits = self.client.search(name, np.stack([e[4] for e in entries]), k)
+                results = [h[:e[3]] for e, h in zip(entries, hits)]
+        except Exception as e:  # the index is unreachable: each sequence of the batch records why
             log.warning("[retrieve] %d queries of index %r failed: %s", len(entries), name, e)
             results = [e] * len(entries)
+        if not entries:
+            self._ready.set()
+            return
         self.stats["searches"] += 1
         self.stats["queries"] += len(entries)
         self.stats["batch_max"] = max(self.stats["batch_max"], len(entries))

@@ -352,10 +352,11 @@ class WorkerNode(Node):
                 continue
             t = time.perf_counter()
             try:
-                if self.superbatches is not None and self.superbatches.has_work():
+                embedding = self.superbatches is not None and self.superbatches.has_work()
+                if embedding:
                     for work, blob in self.superbatches.step():
                         self._to_writer(self.embedded, (work.job_id, work, blob))
-                finished = self.runner.step() if self.runner.has_work() else []
+                finished = self.runner.step(idle_wait=not embedding) if self.runner.has_work() else []
             except Exception:  # an engine bug must not silently stop the worker
                 self.counters["errors.step"] += 1
                 log.exception("[step] engine step failed")

@@ -43,3 +43,58 @@ def test_broken_indexes_are_refused_by_name(tmp_path):
         read_manifest(tmp_path / "ix")
     with pytest.raises(IndexError_, match="3 passages cannot fill 4 shards"):
         write_index(tmp_path / "iy", ["a", "b", "c"], ["x"] * 3, np.eye(3, dtype=np.float32), "enc", shards=4)
+
+
+def test_nan_vectors_are_refused_and_nan_scores_rank_last(tmp_path):
+    from shoal.topk import top_k
+
+    bad = np.eye(3, dtype=np.float32)
+    bad[1, 0] = np.nan
+    with pytest.raises(IndexError_, match="passage 'b' has a vector with NaN"):
+        write_index(tmp_path / "ix", ["a", "b", "c"], ["x"] * 3, bad, "enc")
+    rows, _ = top_k(np.array([[np.nan, 0.5, 0.1, np.nan]], np.float32), np.array(["a", "b", "c", "d"], dtype=object), 3)
+    assert rows[0][:2].tolist() == [1, 2]
+
+
+def test_a_storage_node_keeps_its_index_when_a_load_fails_and_sees_a_rebuild(tmp_path):
+    from collections import Counter
+
+    from shoal.nodes.index_service import IndexService
+
+    write_index(tmp_path / "ix", ["a", "b"], ["x", "y"], np.eye(2, dtype=np.float32), "enc", shards=2)
+    service = IndexService(tmp_path / "node", Counter())
+    service._load("default", str(tmp_path / "ix"), 0)
+    before = service.published()["default"]
+    broken = tmp_path / "broken"
+    write_index(broken, ["a", "b"], ["x", "y"], np.eye(2, dtype=np.float32), "enc", shards=2)
+    (broken / "shard-00000.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(Exception):
+        service._load("default", str(broken), 0)
+    assert service.published()["default"] == before  # the failed load changed nothing
+    # Rebuilt at the same path with other content: another id, so it replaces the old one.
+    write_index(tmp_path / "ix", ["a", "b"], ["x", "z"], np.eye(2, dtype=np.float32)[::-1].copy(), "enc", shards=2)
+    service._load("default", str(tmp_path / "ix"), 0)
+    assert service.published()["default"]["index_id"] != before["index_id"]
+    assert service.loaded["default"]["shards"][0].texts == ["x"] and service.loaded["default"]["shards"][0].vectors[0, 1] == 1
+
+
+def test_workers_search_the_newest_complete_build_of_an_index():
+    from shoal.nodes.membership import Member
+    from shoal.nodes.worker.index_client import IndexClient, IndexUnavailable
+
+    def member(node, iid, built, shards):
+        return Member("storage", node, {"address": f"tcp://{node}", "indexes": {"default": {
+            "index_id": iid, "encoder": "e", "dim": 4, "rows": 10, "shards_total": 2, "built_at": built, "shards": shards}}})
+
+    client = IndexClient("unused:0", "c", None)
+    members = {"s0": member("s0", "old", 1.0, [0, 1]), "s1": member("s1", "new", 2.0, [0]),
+               "s2": member("s2", "new", 2.0, [1])}
+    client._members = lambda: members
+    info, replicas = client.locate("default")
+    assert info["index_id"] == "new" and replicas == [[("s1", "tcp://s1")], [("s2", "tcp://s2")]]
+    del members["s2"]  # the new build lacks a shard now: the old complete one serves
+    assert client.locate("default")[0]["index_id"] == "old"
+    del members["s0"]
+    with pytest.raises(IndexUnavailable, match=r"version new lacks shards \[1\]"):
+        client.locate("default")
+    client.close()
