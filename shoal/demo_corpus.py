@@ -15,26 +15,19 @@ from __future__ import annotations
 import ast
 import random
 import re
-import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 
+from shoal.stdlib_text import stdlib_modules
+
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
-def _documented(root: Path) -> Iterator[tuple[str, str]]:
+def _documented() -> Iterator[tuple[str, str]]:
     """(qualified name, docstring) of modules, classes and functions, in a stable order."""
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if {"site-packages", "test", "tests", "idlelib", "turtledemo"} & set(rel.parts):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
-            continue
-        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+    for module, tree in stdlib_modules(frozenset({"site-packages", "test", "tests", "idlelib", "turtledemo"})):
         doc = ast.get_docstring(tree)
         if doc:
             yield module, doc
@@ -66,9 +59,8 @@ def _chunks(doc: str, chars: int) -> Iterator[str]:
 
 
 def passages(count: int, chars: int = 400, min_chars: int = 80) -> list[dict]:
-    root = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for name, doc in _documented(root):
+    for name, doc in _documented():
         for i, text in enumerate(_chunks(doc, chars)):
             if len(text) >= min_chars:
                 out.append({"id": f"{name}#{i}", "text": text, "source": name})

@@ -115,12 +115,7 @@ class IndexClient:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                info, replicas = self.locate(name)
-                if queries.shape[1] != info["dim"]:
-                    raise ValueError(f"queries of dimension {queries.shape[1]} cannot search index {name!r} "
-                                     f"of dimension {info['dim']}")
-                if k > info["rows"]:
-                    raise ValueError(f"k={k} is larger than index {name!r} ({info['rows']} passages)")
+                info, replicas = self.locate(name)  # (k and dimension: checked per query by the caller)
                 futures = [self._pool.submit(self._search_shard, name, info["index_id"], s, r, queries, k)
                            for s, r in enumerate(replicas)]
                 per_shard = [f.result() for f in futures]

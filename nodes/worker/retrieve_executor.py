@@ -4,9 +4,11 @@ On the compute thread (`submit`, `poll`, once per step): query texts go to the
 worker's `EncodeQueue`, which embeds them beside the engine's steps together with
 other coroutines' queries and Embed texts (heterogeneous batching: the encode planner
 decides how many go in each loop turn), and the vectors go to the retrieval thread.
-That thread collects queries for a short window, then sends each shard the whole batch
-in one call (`index_client.py`) and hands back each coroutine's hits. A coroutine waiting here holds no compute and
-no KV blocks of its own (its prefix stays in the prefix cache, evictable).
+That thread collects queries for a short window, checks each against the index (k,
+encoder, dimension), then sends each shard the whole batch in one call
+(`index_client.py`) and hands back each coroutine's hits. A coroutine waiting here
+holds no compute and no KV blocks of its own (its prefix stays in the prefix cache,
+evictable).
 """
 
 from __future__ import annotations
