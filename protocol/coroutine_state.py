@@ -4,7 +4,7 @@ migrations between workers (DESIGN.md, "Sequence coroutines").
     {"program": name, "version": v,
      "journal": [{"op": {...}, "result": {...}}, ...],   # completed operations
      "current": {...} | None,                            # the operation under way
-     "generated": {"output_token_ids": [...], "margins": [...]} | None,  # its tokens so far
+     "generated": {"output_token_ids": [...], "margins": [...], "draws": [...]} | None,  # its tokens so far
      "fingerprint": "model", "kv_tokens": n}             # KV blob rows, if one travels beside it
 
 The item and the job's arguments are not in it (storage and the scheduler have them);

@@ -29,6 +29,7 @@ class SequenceState:
     margins: list[float] = field(default_factory=list)
     kv: bytes | None = None
     sampling_id: object = None  # what its sampling is keyed by, if not seq_id
+    draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] of its sampled tokens so far
 
     def header(self) -> dict:
         """Everything but the KV blob, as JSON-able data."""
@@ -42,6 +43,7 @@ class SequenceState:
             "model_fingerprint": self.model_fingerprint,
             "margins": self.margins,
             "sampling_id": self.sampling_id,
+            "draws": self.draws,
         }
 
     @classmethod
@@ -50,7 +52,7 @@ class SequenceState:
             return cls(kv=kv, **{k: header[k] for k in (
                 "seq_id", "prompt_token_ids", "output_token_ids", "params", "op_index",
                 "num_computed", "model_fingerprint")}, margins=header.get("margins", []),
-                sampling_id=header.get("sampling_id"))
+                sampling_id=header.get("sampling_id"), draws=header.get("draws", []))
         except KeyError as e:
             raise StateError(f"sequence state lacks field {e.args[0]!r}") from None
 

@@ -208,7 +208,7 @@ def run_lockstep(engine, encoder, index, items, concurrency: int, params: dict) 
             while engine.has_unfinished():
                 for o in engine.step():
                     co = group[o.seq_id][0]
-                    group[o.seq_id] = (co, co.advance(GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins)))
+                    group[o.seq_id] = (co, co.advance(GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins, o.draws)))
             for sid in [s for s, (co, op) in group.items() if isinstance(op, Finished)]:
                 out[sid] = {**group.pop(sid)[1].value, "id": sid}
     wall = time.perf_counter() - t0

@@ -46,6 +46,7 @@ def cmd_generate(args) -> int:
         with open(jsonl_path, "wb") as out:
             for rec in job.results():
                 rec.pop("margins", None)
+                rec.pop("draws", None)
                 tokens += len(rec.get("token_ids", []))
                 failed += rec.get("finish_reason") == "error"
                 out.write(orjson.dumps(rec) + b"\n")

@@ -94,16 +94,21 @@ class GenerateResult:
     token_ids: list[int]
     finish_reason: str
     margins: list[float] = field(default_factory=list)
+    # Sampled tokens' draws, [u, lo, hi, cut] each: what the comparator judges them by.
+    draws: list[list] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
         if self.margins:
             d["margins"] = self.margins
+        if self.draws:
+            d["draws"] = self.draws
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "GenerateResult":
-        return cls(d["text"], list(d["token_ids"]), d["finish_reason"], list(d.get("margins", ())))
+        return cls(d["text"], list(d["token_ids"]), d["finish_reason"], list(d.get("margins", ())),
+                   [list(x) for x in d.get("draws", ())])
 
 
 def result_from_dict(kind: str, d):

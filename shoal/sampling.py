@@ -19,8 +19,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    # Record the top-1 minus top-2 logit of every sampled position: what the shared
-    # output comparator needs to tell a real divergence from a near-tie.
+    # Record what the shared output comparator needs to tell a real divergence from
+    # rounding: the top-1 minus top-2 logit of every position and, when sampling, each
+    # draw (its uniform and the chosen token's CDF interval).
     return_margins: bool = False
 
     def __post_init__(self):

@@ -61,6 +61,7 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length"
     num_prompt_tokens: int
     margins: list[float] = field(default_factory=list)
+    draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] of each sampled token
 
 
 @dataclass
@@ -360,12 +361,14 @@ class LLMEngine:
             self.on_logits([s.seq_id for s in seqs], logits)
         params = [s.params for s in seqs]
         us = [uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids)) for s in seqs]
-        tokens, margins = sample(logits, params, us)
+        tokens, margins, draws = sample(logits, params, us)
         finished = []
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             seq.output_token_ids.append(tok)
             if margins is not None and seq.params.return_margins:
                 seq.margins.append(float(margins[i]))
+                if i in draws:
+                    seq.draws.append(draws[i].to_list())
             self.stats.generated_tokens += 1
             reason = self._finish_reason(seq, tok)
             if reason:
@@ -400,7 +403,7 @@ class LLMEngine:
             if cut >= 0:
                 text = text[:cut]
         return RequestOutput(seq.seq_id, list(seq.output_token_ids), text, reason,
-                             seq.num_prompt_tokens, list(seq.margins))
+                             seq.num_prompt_tokens, list(seq.margins), list(seq.draws))
 
     # -- whole batches -----------------------------------------------------------------
 
@@ -436,7 +439,8 @@ class LLMEngine:
             seq_id=seq.seq_id, prompt_token_ids=list(seq.prompt_token_ids),
             output_token_ids=list(seq.output_token_ids), params=seq.params.to_dict(),
             op_index=seq.op_index, num_computed=tensors.shape[2] if kv else 0,
-            model_fingerprint=self.fingerprint, margins=list(seq.margins), kv=kv, sampling_id=seq.sampling_id)
+            model_fingerprint=self.fingerprint, margins=list(seq.margins), kv=kv, sampling_id=seq.sampling_id,
+            draws=list(seq.draws))
         if remove:
             self.abort(seq_id)
         return state
@@ -452,6 +456,7 @@ class LLMEngine:
         params = SamplingParams.from_dict(state.params)
         seq = Sequence(sid, list(state.prompt_token_ids), params, op_index=state.op_index,
                        output_token_ids=list(state.output_token_ids), margins=list(state.margins),
+                       draws=list(state.draws),
                        max_total_tokens=self.max_total_tokens, sampling_id=state.sampling_id)
         self._check_prompt(sid, seq.prompt_token_ids + seq.output_token_ids)
         kv = self._decode_kv(state) if state.kv is not None and state.num_computed else None

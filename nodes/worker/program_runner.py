@@ -130,7 +130,7 @@ class ProgramRunner:
                 seq_id=key, prompt_token_ids=list(ids), output_token_ids=list(generated["output_token_ids"]),
                 params=op.params.to_dict(), op_index=co.op_index, num_computed=kv_tokens,
                 model_fingerprint=self.engine.fingerprint, margins=list(generated.get("margins", ())), kv=kv,
-                sampling_id=key[1]))
+                sampling_id=key[1], draws=list(generated.get("draws", ()))))
         except Exception as e:
             return self._fail(key, _message(key[1], e))
         n = len(generated["output_token_ids"])
@@ -187,7 +187,8 @@ class ProgramRunner:
             n = len(seq.output_token_ids)
             if n - self._marks.get(key, 0) >= self.checkpoint_tokens and key in self.coros:
                 self._marks[key] = n
-                self._checkpoint(key, {"output_token_ids": list(seq.output_token_ids), "margins": list(seq.margins)})
+                self._checkpoint(key, {"output_token_ids": list(seq.output_token_ids), "margins": list(seq.margins),
+                                       "draws": list(seq.draws)})
 
     def step(self, idle_wait: bool = True) -> list:
         """One engine step, then whatever other executors finished. Returns
@@ -198,7 +199,7 @@ class ProgramRunner:
         if self.engine.has_unfinished():
             for o in self.engine.step():
                 self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
-                done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins))
+                done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins, o.draws))
             if self.checkpoint_tokens:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()
@@ -245,7 +246,7 @@ class ProgramRunner:
         kv = None
         if key in self.engine.seqs:
             st = self.engine.export_sequence(key, remove=True)
-            state["generated"] = {"output_token_ids": st.output_token_ids, "margins": st.margins}
+            state["generated"] = {"output_token_ids": st.output_token_ids, "margins": st.margins, "draws": st.draws}
             if with_kv and st.kv is not None:
                 kv, state["kv_tokens"] = st.kv, st.num_computed
         self.abort(key)

@@ -2,13 +2,25 @@
 
 Each draw uses one uniform number computed from (seed, sequence key, operation index,
 token position) by a counter-based hash (splitmix64), never from a stateful generator,
-so a sequence samples the same tokens alone, in any batch, and after moving to another
+so a sequence draws the same uniform alone, in any batch, and after moving to another
 worker. The uniform picks a token by inverse CDF over the filtered distribution.
+
+The CDF runs over the kept tokens in *token-id order*, not in order of probability.
+Logits of the same context computed in another batch shape differ by rounding (~1e-6 in
+fp32); in probability order two tokens whose logits lie that close swap places, moving
+both their intervals by a whole token's probability, so a uniform in either interval
+picks the other token. On a flat distribution over a large vocabulary such swaps sit
+everywhere, and seeded outputs parted after moves and between workers. In id order a
+rounding change moves every CDF boundary by about the size of the change, so a draw
+changes only when its uniform lies that close to a boundary, or when rounding moves the
+top-k / top-p cut; `Draw` records both distances, and the shared comparator
+(`shoal.output_compare`) lets two runs part only there.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
@@ -36,30 +48,87 @@ def uniform(seed: int, seq_key: int, op_index: int, position: int) -> float:
     return (z >> 11) * (1.0 / (1 << 53))
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]) -> tuple[list[int], torch.Tensor | None]:
-    """logits: [B, V] fp32. Returns the chosen ids and, when any row asks for margins,
-    the top-1 minus top-2 logit of every row."""
+@dataclass(frozen=True)
+class Draw:
+    """One sampled token as the comparator needs it: the uniform, the chosen token's
+    interval [lo, hi) of the normalized CDF (u lies in it), and `cut`, how far rounding
+    is from moving the top-k / top-p cut (the tempered-logit gap at the cut, or the
+    kept mass's distance from top_p; None when nothing was filtered out)."""
+
+    u: float
+    lo: float
+    hi: float
+    cut: float | None = None
+
+    def to_list(self) -> list:
+        return [self.u, self.lo, self.hi, self.cut]
+
+    @classmethod
+    def from_list(cls, v) -> "Draw":
+        return cls(float(v[0]), float(v[1]), float(v[2]), None if v[3] is None else float(v[3]))
+
+
+def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """The top-k then top-p filter: a keep mask in id order, and per row the distance
+    rounding would need to move the cut. scaled: tempered logits [R, V] float64."""
+    vocab = scaled.shape[1]
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    in_k = ranks < top_k
+    # top-p runs on the distribution renormalized over the top-k tokens.
+    sp = torch.softmax(sorted_logits.masked_fill(~in_k, float("-inf")), dim=-1)
+    before = torch.cumsum(sp, dim=-1) - sp  # mass strictly before each token
+    keep_sorted = in_k & (before < top_p)  # always keeps the first token
+    kept = keep_sorted.sum(dim=-1, keepdim=True)  # >= 1
+    rows = torch.arange(scaled.shape[0]).unsqueeze(1)
+    last = kept - 1
+    nxt = kept.clamp(max=vocab - 1)
+    inf = torch.full_like(top_p, float("inf"))
+    gap = torch.where(kept < vocab, sorted_logits[rows, last] - sorted_logits[rows, nxt], inf)
+    filtering_p = top_p < 1.0
+    above = torch.where(filtering_p & (last > 0), top_p - before[rows, last], inf)
+    below = torch.where(filtering_p & (kept < vocab), (before[rows, nxt] - top_p).abs(), inf)
+    cut = torch.minimum(gap, torch.minimum(above, below)).squeeze(1)
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return keep, cut
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]
+           ) -> tuple[list[int], torch.Tensor | None, dict[int, Draw]]:
+    """logits: [B, V] fp32. Returns the chosen ids; when any row asks for margins, the
+    top-1 minus top-2 logit of every row; and the `Draw` of every sampled row, by row."""
     top2 = torch.topk(logits, 2, dim=-1) if any(p.return_margins for p in params) else None
     chosen = logits.argmax(dim=-1)
+    draws: dict[int, Draw] = {}
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         idx = torch.tensor(rows)
-        sub = logits[idx].double()
         temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float64).unsqueeze(1)
-        sorted_logits, order = torch.sort(sub / temps, dim=-1, descending=True, stable=True)
-        vocab = sub.shape[1]
-        ranks = torch.arange(vocab).unsqueeze(0)
-        top_k = torch.tensor([params[i].top_k or vocab for i in rows]).unsqueeze(1)
-        sorted_logits = sorted_logits.masked_fill(ranks >= top_k, float("-inf"))
-        probs = torch.softmax(sorted_logits, dim=-1)
-        top_p = torch.tensor([params[i].top_p for i in rows], dtype=torch.float64).unsqueeze(1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
-        probs = probs.masked_fill(before >= top_p, 0.0)  # always keeps the first token
+        scaled = logits[idx].double() / temps
+        probs = torch.softmax(scaled, dim=-1)
+        vocab = scaled.shape[1]
+        filtered = [j for j, i in enumerate(rows) if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
+        cut = [None] * len(rows)
+        if filtered:
+            f = torch.tensor(filtered)
+            top_k = torch.tensor([params[rows[j]].top_k or vocab for j in filtered]).unsqueeze(1)
+            top_p = torch.tensor([params[rows[j]].top_p for j in filtered], dtype=torch.float64).unsqueeze(1)
+            keep, cuts = _filter(scaled[f], top_k, top_p)
+            probs[f] = probs[f] * keep
+            for j, c in zip(filtered, cuts.tolist()):
+                cut[j] = c
         cdf = torch.cumsum(probs, dim=-1)
-        u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float64).unsqueeze(1) * cdf[:, -1:]
-        # Rounding can put u at the very top of the CDF: clamp to the last token kept.
-        last_kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
-        pick = torch.minimum(torch.searchsorted(cdf, u, right=True), last_kept)
-        chosen[idx] = order.gather(1, pick).squeeze(1)
+        total = cdf[:, -1:]
+        u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float64).unsqueeze(1)
+        # The first token whose CDF exceeds u; rounding can put u*total at the very top,
+        # so it is clamped to the last token kept (the highest id with mass).
+        last_kept = vocab - 1 - torch.argmax((probs > 0).flip(-1).to(torch.int8), dim=-1, keepdim=True)
+        pick = torch.minimum(torch.searchsorted(cdf, u * total, right=True), last_kept)
+        hi = cdf.gather(1, pick)
+        lo = hi - probs.gather(1, pick)
+        chosen[idx] = pick.squeeze(1)
+        for j, (i, a, b) in enumerate(zip(rows, (lo / total).squeeze(1).tolist(), (hi / total).squeeze(1).tolist())):
+            c = cut[j]
+            draws[i] = Draw(uniforms[i], a, b, None if c is None or c == float("inf") else c)
     margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None
-    return chosen.tolist(), margins
+    return chosen.tolist(), margins, draws

@@ -34,6 +34,7 @@ class Sequence:
     arrival: int = 0
     finish_reason: str | None = None
     margins: list[float] = field(default_factory=list)
+    draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] per sampled token (sampler.Draw)
     max_total_tokens: int = 0  # the model's context: generation stops there
     text_offset: int = 0  # how far stop-string search has looked
     # What sampling is keyed by: the item's id, so a sequence draws the same tokens in

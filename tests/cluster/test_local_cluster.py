@@ -11,7 +11,7 @@ import pytest
 
 import shoal
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-from shoal.output_compare import compare_outputs
+from shoal.output_compare import compare_results
 from shoal.sampling import SamplingParams
 
 
@@ -92,5 +92,5 @@ def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers, monkeyp
     ref = LLMEngine(tiny_model, EngineConfig(policy="mb")).generate(prompts, params)
     for i, o in enumerate(ref):
         rec = by_id[f"q{i}"]
-        cmp = compare_outputs(rec["token_ids"], o.token_ids, [o.margins, rec["margins"]])
+        cmp = compare_results(rec, o)
         assert cmp, f"q{i}: {cmp.detail}"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import shoal
-from shoal.output_compare import compare_generations, compare_outputs
+from shoal.output_compare import compare_generations, compare_results
 from shoal.program import Generate, program
 from shoal.rpc import RpcClient
 from shoal.sampling import SamplingParams
@@ -50,7 +50,7 @@ def check_same(results: list, items: list, ref: dict) -> None:
     assert len(ids) == len(set(ids)) and sorted(ids) == sorted(it["id"] for it in items)
     for rec in results:
         o = ref[rec["id"]]
-        cmp = compare_outputs(rec["token_ids"], o.token_ids, [o.margins, rec["margins"]])
+        cmp = compare_results(rec, o)
         assert cmp, f"{rec['id']}: {cmp.detail}"
 
 

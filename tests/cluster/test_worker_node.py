@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-from shoal.output_compare import compare_outputs
+from shoal.output_compare import compare_results
 from shoal.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
@@ -71,7 +71,7 @@ def test_assigned_sequences_land_in_storage_with_engine_outputs(worker, tiny_mod
     assert by_id["bad"]["finish_reason"] == "error" and "empty prompt" in by_id["bad"]["error"]
     ref = LLMEngine(tiny_model, EngineConfig(policy="mb")).generate(prompts, params)
     for i, o in enumerate(ref):
-        cmp = compare_outputs(by_id[i]["token_ids"], o.token_ids, [o.margins, by_id[i]["margins"]])
+        cmp = compare_results(by_id[i], o)
         assert cmp, f"sequence {i}: {cmp.detail}"
     assert len(rtts) > 0 and max(rtts) < 5
     stats = c.request("StatsQuery", {})["stats"]

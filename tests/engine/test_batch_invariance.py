@@ -7,7 +7,7 @@ import random
 import torch
 
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-from shoal.output_compare import compare_outputs
+from shoal.output_compare import compare_results
 from shoal.sampling import SamplingParams
 
 # bf16 logits of the same tokens alone and in a batch of 64 differ by the rounding of
@@ -33,7 +33,7 @@ def test_fp32_alone_and_in_batch_of_64_give_same_greedy_tokens(tiny_model):
     batch = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=512)).generate(prompts, params)
     for i in (0, 17, 63):
         alone = LLMEngine(tiny_model, EngineConfig()).generate([prompts[i]], params)[0]
-        cmp = compare_outputs(alone.token_ids, batch[i].token_ids, [alone.margins, batch[i].margins])
+        cmp = compare_results(alone, batch[i])
         assert cmp, f"prompt {i}: {cmp.detail}"
         assert len(alone.token_ids) == 32
 
@@ -59,7 +59,7 @@ def test_bf16_logits_alone_and_in_batch_agree(tiny_model):
         eng_a = LLMEngine(tiny_model, EngineConfig(dtype="bfloat16"))
         steps_a = capture(eng_a)
         alone = eng_a.generate([prompts[i]], params, seq_ids=[i])[0]
-        cmp = compare_outputs(alone.token_ids, batch[i].token_ids, [alone.margins, batch[i].margins], tol=BF16_LOGIT_ATOL)
+        cmp = compare_results(alone, batch[i], tol=BF16_LOGIT_ATOL)
         assert cmp, cmp.detail
         # Logits are comparable while the tokens agree (up to the first divergence).
         upto = cmp.diverged_at if cmp.diverged_at is not None else len(alone.token_ids)

@@ -31,5 +31,64 @@ def test_inverse_cdf_follows_the_distribution():
 
 def test_margins_are_top_two_gaps():
     logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 4.5, 0.0]])
-    _, m = sample(logits, [SamplingParams(return_margins=True)] * 2, [0.0, 0.0])
+    _, m, _ = sample(logits, [SamplingParams(return_margins=True)] * 2, [0.0, 0.0])
     assert torch.allclose(m, torch.tensor([2.0, 0.5]))
+
+
+def flat_logits(vocab=30522, rows=1, seed=0):
+    """A random model's logits: nearly flat over a large vocabulary (as W3's decoder)."""
+    g = torch.Generator().manual_seed(seed)
+    return 0.3 * torch.randn(rows, vocab, generator=g)
+
+
+def test_rounding_changes_a_draw_only_at_a_cdf_boundary():
+    """The failure of issue 15: logits that differ by rounding (~1e-6) pick another token
+    only when the uniform lies within the rounding of a boundary of the token's CDF
+    interval. Ordering the CDF by probability broke this (adjacent tokens swapped by a
+    1e-7 change carry the uniform to another token from anywhere in their interval):
+    that sampler changed 41 of these 1000 draws, far from any boundary."""
+    from shoal.output_compare import DRAW_FP32_TOL
+
+    logits = flat_logits()
+    noisy = logits + 1e-6 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(1))
+    params = SamplingParams(temperature=0.8, top_p=0.9, return_margins=True)
+    changed = 0
+    for j in range(1000):
+        u = uniform(11, sequence_key("flat"), 0, j)
+        (a,), _, da = sample(logits, [params], [u])
+        (b,), _, db = sample(noisy, [params], [u])
+        assert da[0].lo <= u < da[0].hi and db[0].lo <= u < db[0].hi
+        if a != b:
+            changed += 1
+            edge = min(u - da[0].lo, da[0].hi - u, da[0].cut)
+            assert edge < DRAW_FP32_TOL, f"draw {j}: token {a} vs {b} with u {edge:.2e} from any boundary"
+    assert changed <= 3, changed
+
+
+def test_a_near_tie_swap_does_not_move_the_draw():
+    """Two tokens 3e-7 apart in tempered logit (the pair seen in the drained-worker test:
+    88 and 449), swapped by rounding: the uniform lands in the same token either way."""
+    logits = flat_logits(vocab=512, seed=2)
+    logits[0, 88], logits[0, 449] = 2.6421390, 2.6421387
+    swapped = logits.clone()
+    swapped[0, 88], swapped[0, 449] = 2.6421387, 2.6421390
+    p = SamplingParams(temperature=0.8)
+    probs = torch.softmax(logits[0].double() / 0.8, dim=-1)
+    cdf = torch.cumsum(probs, dim=-1)
+    for tok in (88, 449):  # uniforms in the middle of each of the two tokens' intervals
+        u = float(cdf[tok] - probs[tok] / 2)
+        assert sample(logits, [p], [u])[0] == sample(swapped, [p], [u])[0] == [tok]
+
+
+def test_a_draw_records_its_interval_and_cut():
+    logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
+    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0)], [0.35])
+    # In id order the CDF is 0.1 | 0.5 | 0.7 | 1.0: 0.35 falls in token 1's interval.
+    assert tok == 1 and abs(d[0].lo - 0.1) < 1e-6 and abs(d[0].hi - 0.5) < 1e-6 and d[0].cut is None
+    # top_p just under 0.7 keeps 0.4 and 0.3; 0.7 of the mass lies before 0.2, so the
+    # cut is 1e-7 from keeping it too.
+    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, top_p=0.6999999)], [0.9])
+    assert tok == 3 and abs(d[0].lo - 0.4 / 0.7) < 1e-6 and abs(d[0].hi - 1.0) < 1e-9
+    assert d[0].cut < 1e-6
+    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, top_k=2)], [0.9])
+    assert tok == 3 and abs(d[0].cut - (torch.log(torch.tensor(0.3)) - torch.log(torch.tensor(0.2))).item()) < 1e-6

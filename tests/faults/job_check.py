@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import time
 
-from shoal.output_compare import compare_outputs
+from shoal.output_compare import compare_results
 from shoal.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True, return_margins=True)
@@ -44,7 +44,7 @@ def check_whole(model, items, results) -> None:
     ref = reference(model, items)
     for rec in results:
         o = ref[rec["id"]]
-        cmp = compare_outputs(rec["token_ids"], o.token_ids, [o.margins, rec["margins"]])
+        cmp = compare_results(rec, o)
         assert cmp, f"{rec['id']}: {cmp.detail}"
 
 
