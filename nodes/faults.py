@@ -9,7 +9,10 @@ and that no duplicate is ever visible. It is off unless `SHOAL_FAULTS` holds a p
 
 `types` (optional) limits the faults to those message types; without it every message
 but the handshake is fair game. `stall_after_steps` wedges a worker's step loop (its
-watchdog must notice). Faults apply on send, so both requests and replies can
+watchdog must notice). `park_at` ({"item id": n}) makes a worker set a sequence of
+that item aside once it has sampled n tokens of an operation (0: when it is queued),
+until it leaves the worker: a test moves or kills it at a position of its choosing, not
+of timing's. Faults apply on send, so both requests and replies can
 be lost. A reordered message is held back and sent after the next one on its socket.
 """
 
@@ -40,6 +43,7 @@ class FaultPlan:
     reorder: float = 0.0
     types: frozenset | None = None
     stall_after_steps: int | None = None  # a worker's step loop wedges after this many steps
+    park_at: dict | None = None  # item id -> tokens after which a worker sets that sequence aside
     rng: random.Random = field(default=None, repr=False)
 
     def __post_init__(self):

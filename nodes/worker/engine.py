@@ -106,6 +106,11 @@ class LLMEngine:
         self.seqs: dict[object, Sequence] = {}
         self.running: list[Sequence] = []  # admission order
         self.waiting: list[Sequence] = []  # arrival order
+        # Fault injection for tests (`SHOAL_FAULTS` park_at): sampling id -> tokens after
+        # which a sequence is set aside (kept with its KV, never scheduled) until it is
+        # exported or aborted. An imported sequence is parked only at a later position.
+        self.park_at: dict = {}
+        self.parked: dict[object, Sequence] = {}
         self._arrivals = 0
         self.stats = EngineStats()
         # Tests and benchmarks may watch every sampling step's logits: fn(seq_ids, logits).
@@ -167,6 +172,13 @@ class LLMEngine:
         seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens,
                        sampling_id=sampling_id)
         self._enqueue(seq)
+        self._park_if_asked(seq)
+
+    def _park_if_asked(self, seq: Sequence) -> None:
+        if self.park_at and self.park_at.get(seq.key_id) == len(seq.output_token_ids):
+            (self.running if seq.status == SeqStatus.RUNNING else self.waiting).remove(seq)
+            self.parked[seq.seq_id] = seq
+            log.info("[park] %s set aside at token %d", seq.seq_id, len(seq.output_token_ids))
 
     def _check_prompt(self, seq_id, ids: list[int]) -> None:
         cfg = self.model_cfg
@@ -193,7 +205,9 @@ class LLMEngine:
         self._drop(seq)
 
     def _drop(self, seq: Sequence) -> None:
-        if seq.status == SeqStatus.RUNNING:
+        if self.parked.pop(seq.seq_id, None) is not None:
+            self.blocks.release(seq.block_table)
+        elif seq.status == SeqStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.release(seq.block_table)
         elif seq.status == SeqStatus.WAITING:
@@ -373,6 +387,8 @@ class LLMEngine:
             reason = self._finish_reason(seq, tok)
             if reason:
                 finished.append(self._finish(seq, reason))
+            else:
+                self._park_if_asked(seq)
         return finished
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:

@@ -43,7 +43,12 @@ class Sequence:
     host_kv: object = None  # [layers, 2, tokens, kvh, d] in host memory while preempted
 
     def __post_init__(self):
-        self.key = sequence_key(self.seq_id if self.sampling_id is None else self.sampling_id)
+        self.key = sequence_key(self.key_id)
+
+    @property
+    def key_id(self):
+        """What the sequence's draws are keyed by: its item's id."""
+        return self.seq_id if self.sampling_id is None else self.sampling_id
 
     @property
     def num_tokens(self) -> int:

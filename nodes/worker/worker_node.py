@@ -73,6 +73,8 @@ class WorkerNode(Node):
         self._reset_done = threading.Event()
         plan = fault_plan()
         self._stall_after = plan.stall_after_steps if plan is not None else None
+        if plan is not None and plan.park_at:
+            engine.park_at = dict(plan.park_at)
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
         self.encoder = encoder
@@ -258,7 +260,7 @@ class WorkerNode(Node):
         return {**super().stats(), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
                 "draining": self.draining, "checkpoint_s": self.runner.checkpoint_seconds,
                 "sequences": {"resident": resident, "in_engine": in_engine, "waiting_on_ops": resident - in_engine,
-                              "moving": self.mover.busy,
+                              "moving": self.mover.busy, "parked": [key[1] for key in self.engine.parked],
                               "offloaded": sum(1 for q in self.engine.waiting if q.host_kv is not None)},
                 **({"superbatches": {"held": len(self.superbatches.held), "ready": len(self.superbatches.ready),
                                      "texts_buffered": self.superbatches.texts_buffered,
