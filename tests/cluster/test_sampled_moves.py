@@ -45,8 +45,10 @@ def check_same_draws(results: list, ref: dict) -> None:
 
 def cluster(model, tmp_path, workers: int, park_at: dict, extra: list[str] = ()) -> shoal.LocalCluster:
     env = {"SHOAL_FAULTS": orjson.dumps({"park_at": park_at}).decode(), "SHOAL_RPC_TIMEOUT_S": "2"}
+    # No stealing: only the test moves sequences, so a parked one is never carried off
+    # (and unparked) before the test sees it.
     return shoal.LocalCluster(model, workers=workers, state_dir=tmp_path / "c", policy="mb", env=env,
-                              worker_args=["--threads", "1", *extra])
+                              worker_args=["--threads", "1", *extra], scheduler_args=["--no-steal"])
 
 
 def stats(c: shoal.LocalCluster, worker: str) -> dict:
