@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import time
 
+import orjson
+
 from shoal.output_compare import compare_results
 from shoal.sampling import SamplingParams
 
@@ -26,7 +28,7 @@ _reference: dict = {}
 
 def reference(model, items) -> dict:
     """The undisturbed output, computed once per model and workload."""
-    key = (str(model), len(items))
+    key = (str(model), orjson.dumps(items))
     if key not in _reference:
         from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
