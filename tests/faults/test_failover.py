@@ -153,10 +153,10 @@ def test_frozen_worker_loses_its_work_and_rejoins_without_duplicates(tiny_model,
 
     from shoal.nodes.membership import MemberView
 
-    # Long generations, so the frozen worker still holds work when it wakes: with the
-    # usual short ones it could finish all of it before its lease thread noticed the
-    # loss, leaving nothing to drop.
-    items = [{**it, "max_tokens": 400} for it in workload(30)]
+    # Half the generations long, so the frozen worker still holds work when it wakes:
+    # with only short ones it could finish all of it before its lease thread noticed
+    # the loss, leaving nothing to drop. (The short half gives the progress waited for.)
+    items = [{**it, "max_tokens": 400} if i % 2 else it for i, it in enumerate(workload(30))]
     with cluster(tiny_model, tmp_path, workers=2) as c:
         job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
         view = MemberView(c.etcd.endpoint, c.cluster).start()
