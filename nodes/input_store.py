@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from shoal.generate_input import InputError, ItemChecker, parse_jsonl, read_records
+from shoal.generate_input import MAX_ITEM_BYTES, InputError, ItemChecker, parse_jsonl, read_records
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -46,8 +46,9 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class InputStore:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, max_item_bytes: int = MAX_ITEM_BYTES):
         self.root = Path(root)
+        self.max_item_bytes = max_item_bytes
         self._offsets: dict[str, list[int]] = {}  # job -> byte offset of each item line
         self._totals: dict[str, int] = {}
 
@@ -108,7 +109,7 @@ class InputStore:
             records = ((f"item {i}", i, rec) for i, rec in enumerate(items or [], 1))
         d = self.root / "jobs" / job_id
         d.mkdir(parents=True, exist_ok=True)
-        checker, total = ItemChecker(program), 0
+        checker, total = ItemChecker(program, self.max_item_bytes), 0
         tmp = d / "input.jsonl.tmp"
         with open(tmp, "wb") as out:
             for where, place, rec in records:

@@ -547,7 +547,8 @@ class SchedulerNode(Node):
         known = [v for v in speeds.values() if v is not None]
         typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
         loads = [WorkerLoad(w.node_id, int(w.info.get("kv_tokens", 1 << 30)), self.held.get(w.node_id, 0),
-                            int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2, speeds[wid] or typical)
+                            int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2, speeds[wid] or typical,
+                            w.info.get("max_seq_tokens"))
                  for wid, w in workers.items()]
         by_id = {a["seq_id"]: a for a in job.pending}
         placed, left = place([PendingSeq(sid, self._kv_need(a["item"], job.params)) for sid, a in by_id.items()], loads)

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 import orjson
-from shoal.generate_input import InputError
+from shoal.generate_input import MAX_ITEM_BYTES, InputError
 from shoal.nodes.checkpoint_store import CheckpointStore
 from shoal.nodes.embedding_jobs import EmbeddingJobs
 from shoal.nodes.index_service import IndexService
@@ -28,7 +28,7 @@ from shoal.nodes.job_log import JobLog, StaleEpoch
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
-from shoal.protocol.codec import Message, encode
+from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import BATCH_BYTES
 
@@ -56,11 +56,11 @@ class _NoResults:
 class StorageNode(Node):
     role = "storage"
 
-    def __init__(self, node_id: str, data_dir: str | Path, **kw):
+    def __init__(self, node_id: str, data_dir: str | Path, max_item_bytes: int = MAX_ITEM_BYTES, **kw):
         self.dir = Path(data_dir)
         self.logs: dict[str, ResultLog] = {}
         self.checkpoints: dict[str, CheckpointStore] = {}
-        self.inputs = InputStore(self.dir)
+        self.inputs = InputStore(self.dir, max_item_bytes)
         self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
@@ -260,10 +260,15 @@ class StorageNode(Node):
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("storage")
     ap.add_argument("--dir", required=True, help="the node's data directory")
+    ap.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
+                    help="largest job item taken, as compact JSON; a larger one is refused, naming its line "
+                         f"(at most {MAX_HEADER_BYTES // 2}: items travel in message headers)")
     args = ap.parse_args(argv)
+    if not 0 < args.max_item_bytes <= MAX_HEADER_BYTES // 2:
+        ap.error(f"--max-item-bytes must be in [1, {MAX_HEADER_BYTES // 2}], got {args.max_item_bytes}")
     node_id = args.node_id or f"storage-{os.getpid()}"
     start_logging("storage", node_id)
-    node = StorageNode(node_id, args.dir, bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
+    node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

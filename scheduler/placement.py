@@ -4,8 +4,10 @@ Each worker reports its free KV tokens, how many sequences it holds and its queu
 its speed comes from its published calibration (1/β_d: decode tokens per second per
 sequence-step). A sequence goes to the worker that would finish its queue soonest
 counting it — (held + 1) / speed —, never past a worker's queue bound or its free KV
-(a sequence's KV need is its prompt plus its max_tokens). What fits nowhere stays
-pending for the next round, in order.
+(a sequence's KV need is its prompt plus its max_tokens, but never more than the
+longest sequence the worker runs: its engine stops a sequence there, so a max_tokens
+past the context must not keep it pending forever). What fits nowhere stays pending
+for the next round, in order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class WorkerLoad:
     held: int  # sequences assigned and not yet finished
     max_held: int
     speed: float = 1.0  # relative throughput (from the calibration); >0
+    max_seq_tokens: int | None = None  # the longest sequence it runs (None: its whole KV)
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,16 @@ def place(pending: list[PendingSeq], workers: list[WorkerLoad]) -> tuple[dict[st
     free = {w.node_id: w.free_kv_tokens for w in workers}
     out: dict[str, list] = {w.node_id: [] for w in workers}
     left = []
+    def need(seq: PendingSeq, w: WorkerLoad) -> int:
+        return min(seq.kv_tokens, w.max_seq_tokens or w.free_kv_tokens)
+
     for seq in pending:
-        fits = [w for w in workers if held[w.node_id] < w.max_held and free[w.node_id] >= seq.kv_tokens]
+        fits = [w for w in workers if held[w.node_id] < w.max_held and free[w.node_id] >= need(seq, w)]
         if not fits:
             left.append(seq)
             continue
         best = min(fits, key=lambda w: ((held[w.node_id] + 1) / max(w.speed, 1e-9), -free[w.node_id], w.node_id))
         out[best.node_id].append(seq.seq_id)
         held[best.node_id] += 1
-        free[best.node_id] -= seq.kv_tokens
+        free[best.node_id] -= need(seq, best)
     return {k: v for k, v in out.items() if v}, left

@@ -9,6 +9,8 @@ import time
 
 import orjson
 
+from shoal.generate_input import MAX_ITEM_BYTES
+
 
 def cmd_make_model(args) -> int:
     from shoal.nodes.worker.models.make_model import make_model
@@ -24,16 +26,21 @@ def cmd_generate(args) -> int:
     from contextlib import nullcontext
 
     from shoal.client import Client
-    from shoal.generate_input import read_generate_items
+    from shoal.generate_input import InputError, model_context, read_generate_items
     from shoal.local_cluster import LocalCluster
     from shoal.progress import Progress
     from shoal.sampling import SamplingParams
 
-    items = read_generate_items(args.input)  # every line checked before anything starts
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     params.validate()
+    context = model_context(args.model)
+    if params.max_tokens >= context:
+        raise InputError(f"--max-tokens {params.max_tokens} does not fit the model's context of {context} tokens")
+    # Every line is checked before anything starts.
+    items = read_generate_items(args.input, args.max_item_bytes, max_context=context)
     payload = [it.to_record() for it in items]
-    cluster = nullcontext() if args.router else LocalCluster(args.model, workers=args.workers, dtype=args.dtype)
+    cluster = nullcontext() if args.router else LocalCluster(
+        args.model, workers=args.workers, dtype=args.dtype, storage_args=["--max-item-bytes", str(args.max_item_bytes)])
     with cluster as local:
         router = args.router or local.router
         t0 = time.perf_counter()
@@ -66,7 +73,8 @@ def cmd_generate(args) -> int:
 def cmd_up(args) -> int:
     from shoal.local_cluster import LocalCluster
 
-    cluster = LocalCluster(args.model, workers=args.workers, state_dir=args.dir, dtype=args.dtype).start()
+    cluster = LocalCluster(args.model, workers=args.workers, state_dir=args.dir, dtype=args.dtype,
+                           die_with_parent=not args.detach).start()
     print(f"router: {cluster.router}", flush=True)
     print(f"etcd: {cluster.etcd.endpoint}  state: {cluster.dir}", flush=True)
     if args.detach:
@@ -252,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
+    g.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
+                   help="largest input line taken, as compact JSON (a cluster's storage has its own limit)")
     g.set_defaults(fn=cmd_generate)
 
     from shoal.embed_cli import add_parser as add_embed
@@ -331,14 +341,30 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _stop_on_signals()
     try:
         return args.fn(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: what was started for the command is stopped
+        print(f"shoal {args.cmd}: interrupted ({e or 'Ctrl-C'})", file=sys.stderr)
+        return 130
     except RemoteError as e:  # the cluster refused the job: its message names the problem
         print(f"shoal {args.cmd}: error: {e.message}", file=sys.stderr)
         return 2
     except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError, FileExistsError) as e:
         print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP (`timeout`, a closed terminal) unwind like Ctrl-C, so a local
+    cluster started for a command is stopped on the way out."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 if __name__ == "__main__":

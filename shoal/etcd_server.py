@@ -39,8 +39,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class EtcdServer:
-    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1"):
+    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", die_with_parent: bool = False):
         self.data_dir = Path(data_dir)
+        self.die_with_parent = die_with_parent
         self.host = host
         self.port = free_port(host)
         self.peer_port = free_port(host)
@@ -55,12 +56,15 @@ class EtcdServer:
         client = f"http://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
         log = open(self.data_dir / "etcd.log", "ab")
-        self.proc = subprocess.Popen(
-            [etcd_binary(), "--name", "shoal", "--data-dir", str(self.data_dir / "data"),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"shoal={peer}", "--log-level", "warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cmd = [etcd_binary(), "--name", "shoal", "--data-dir", str(self.data_dir / "data"),
+               "--listen-client-urls", client, "--advertise-client-urls", client,
+               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", f"shoal={peer}", "--log-level", "warn"]
+        if self.die_with_parent:
+            from shoal.parent_bound import command
+
+            cmd = command(cmd)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -19,6 +19,12 @@ class InputError(ValueError):
     """Bad job input; the message names the file and line."""
 
 
+# The largest item a job takes, as stored (compact JSON). Items travel to workers inside
+# message headers (capped at 1 MiB, `protocol/codec.py`), with their checkpoints beside
+# them: an item near the cap could never be delivered, and once stalled a whole job.
+MAX_ITEM_BYTES = 256 << 10
+
+
 @dataclass(frozen=True)
 class GenerateItem:
     id: object
@@ -42,14 +48,19 @@ class ItemChecker:
     `generate` program are checked field by field; those of other programs need an id
     and, if they carry program arguments, an "args" object (the program reads the rest)."""
 
-    def __init__(self, program: str = "generate"):
+    def __init__(self, program: str = "generate", max_item_bytes: int = MAX_ITEM_BYTES, max_context: int | None = None):
+        """`max_context`: the model's context in tokens, where the checker knows it: an
+        item whose max_tokens cannot fit in it is refused."""
         self.program = program
+        self.max_item_bytes = max_item_bytes
+        self.max_context = max_context
         self.seen: dict = {}
 
     def record(self, rec, where: str, place: int) -> dict:
         """The item as it is stored for its job."""
         if self.program == "generate":
             return self.check(rec, where, place).to_record()
+        self._check_size(rec, where)
         self._check_id(rec, where, place)
         if self.program == "ircot":
             from shoal.ircot import check_item
@@ -71,8 +82,15 @@ class ItemChecker:
             raise InputError(f"{where}: duplicate id {rid!r} (first on line {self.seen[rid]})")
         self.seen[rid] = place
 
+    def _check_size(self, rec, where: str) -> None:
+        size = len(orjson.dumps(rec))
+        if size > self.max_item_bytes:
+            raise InputError(f"{where}: item of {size} bytes exceeds the limit of {self.max_item_bytes} bytes per item "
+                             "(--max-item-bytes)")
+
     def check(self, rec, where: str, place: int) -> GenerateItem:
         self._check_id(rec, where, place)
+        self._check_size(rec, where)
         rid = rec["id"]
         prompt, ids = rec.get("prompt"), rec.get("prompt_token_ids")
         if (prompt is None) == (ids is None):
@@ -84,6 +102,10 @@ class ItemChecker:
         mt = rec.get("max_tokens")
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
             raise InputError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
+        if self.max_context and mt is not None and mt + len(ids or ()) >= self.max_context:
+            with_prompt = f" after a prompt of {len(ids)} tokens" if ids else ""
+            raise InputError(f"{where}: max_tokens {mt}{with_prompt} does not fit the model's context of "
+                             f"{self.max_context} tokens")
         return GenerateItem(rid, prompt, ids, mt)
 
 
@@ -122,6 +144,21 @@ def read_records(path: str | Path) -> Iterator[tuple[str, int, object]]:
         yield from parse_jsonl(fh, str(path))
 
 
-def read_generate_items(path: str | Path) -> list[GenerateItem]:
-    checker = ItemChecker()
+def model_context(model_dir: str | Path) -> int:
+    """A Hugging Face checkpoint's context length (max_position_embeddings), read from
+    its config.json without loading the model."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise InputError(f"cannot read the model's {path}: {e}") from None
+    context = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    if not isinstance(context, int) or context <= 0:
+        raise InputError(f"{path}: max_position_embeddings must be a positive integer, got {context!r}")
+    return context
+
+
+def read_generate_items(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
+                        max_context: int | None = None) -> list[GenerateItem]:
+    checker = ItemChecker(max_item_bytes=max_item_bytes, max_context=max_context)
     return [checker.check(rec, where, place) for where, place, rec in read_records(path)]

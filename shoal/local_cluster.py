@@ -22,14 +22,18 @@ class LocalCluster:
                  cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
-                 scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1):
+                 scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1,
+                 storage_args: list[str] | None = None, die_with_parent: bool = True):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
         etcd and every node listen on `host`; `scheduler_args` go to every scheduler
         (e.g. `--no-steal`). Workers host the decoder `model`, the `encoder`, or both.
         `storage_nodes` > 1 starts more storage nodes (index shards spread over them;
-        jobs keep their results on storage-0, the smallest id)."""
+        jobs keep their results on storage-0, the smallest id); `storage_args` go to every
+        storage node (e.g. `--max-item-bytes`). Unless `die_with_parent` is False (a
+        detached `shoal up`), etcd and every node end when this process ends, however
+        it ends."""
         if model is None and encoder is None:
             raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
         self.encoder = str(encoder) if encoder else None
@@ -39,6 +43,8 @@ class LocalCluster:
         self.scheduler_args = scheduler_args or []
         self.host = host
         self.storage_nodes = storage_nodes
+        self.storage_args = storage_args or []
+        self.die_with_parent = die_with_parent
         self.prefixes: dict[str, list[str] | None] = {}
         if curve_keys:
             self.env = {**(self.env or {}), "SHOAL_CURVE_KEYS": str(curve_keys)}
@@ -52,7 +58,7 @@ class LocalCluster:
         if not any(a.startswith("--bind") for a in args):
             args = [*args, f"--bind=tcp://{self.host}:0"]
         proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs",
-                                   self.env if env is None else env, prefix)
+                                   self.env if env is None else env, prefix, self.die_with_parent)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
         self.prefixes[name] = prefix
@@ -103,11 +109,12 @@ class LocalCluster:
 
     def start(self, timeout: float = 600) -> "LocalCluster":
         try:
-            self.etcd = EtcdServer(self.dir / "etcd", host=self.host).start()
+            self.etcd = EtcdServer(self.dir / "etcd", host=self.host, die_with_parent=self.die_with_parent).start()
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
             for i in range(self.storage_nodes):
                 folder = self.dir / ("storage" if i == 0 else f"storage-{i}")
-                self._spawn(f"storage-{i}", ["shoal.nodes.storage", "--dir", str(folder), "--node-id", f"storage-{i}", *e])
+                self._spawn(f"storage-{i}", ["shoal.nodes.storage", "--dir", str(folder), "--node-id", f"storage-{i}", *e,
+                                                    *self.storage_args])
             for i in range(self.schedulers):
                 self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e,
                                                *self.scheduler_args])

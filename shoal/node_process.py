@@ -10,16 +10,20 @@ MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worke
            "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
 
-def spawn_node(role: str, name: str, args: list[str], log_dir: Path,
-               env: dict | None = None, prefix: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict | None = None,
+               prefix: list[str] | None = None, die_with_parent: bool = False) -> tuple[subprocess.Popen, str]:
     """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its
     log in log_dir/NAME.log and `env` added to this environment; returns the process
     and the address it serves on. `prefix` wraps the command (e.g. `ip netns exec NS`
-    to run the node on a host of its own)."""
+    to run the node on a host of its own); `die_with_parent` ends the node when this
+    process ends, however it ends (`parent_bound.py`)."""
     import os
 
+    from shoal.parent_bound import command
+
+    cmd = [sys.executable, "-m", MODULES[role], *args]
     log_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", MODULES[role], *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*(prefix or []), *(command(cmd) if die_with_parent else cmd)], stdout=subprocess.PIPE,
                             stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True,
                             env={**os.environ, **env} if env else None)
     line = proc.stdout.readline().strip()

@@ -29,10 +29,12 @@ class NoDecoder:
     cost_model = None
     config = _Config()
     blocks = _Blocks()
+    max_total_tokens = 0
 
     def __init__(self):
         self.seqs: dict = {}
         self.waiting: list = []
+        self.parked: dict = {}
 
     def has_unfinished(self) -> bool:
         return False

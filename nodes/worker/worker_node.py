@@ -63,6 +63,7 @@ class WorkerNode(Node):
         self.step_times: list[float] = []
         self._engine_snapshot: dict = {}
         cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
+               "max_seq_tokens": engine.max_total_tokens,
                "calibration": engine.cost_model.to_dict() if engine.cost_model else None}
         if encoder is not None:  # the scheduler sends SuperBatches to workers with the job's encoder
             cap["encoder"] = encoder.fingerprint

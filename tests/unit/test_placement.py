@@ -27,6 +27,14 @@ def test_existing_load_counts():
     assert placed == {"idle": [0, 1, 2, 3]}
 
 
-def test_a_sequence_too_big_for_every_worker_stays_pending():
-    placed, left = place([PendingSeq("huge", 10**9)], [WorkerLoad("a", 1000, 0, 10)])
-    assert placed == {} and [s.seq_id for s in left] == ["huge"]
+def test_a_max_tokens_past_the_context_is_placed_at_what_the_worker_can_run():
+    """max_tokens of 1e9 once kept an item pending forever (its KV need fit nowhere);
+    the engine stops a sequence at its context, so that is all it needs."""
+    from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
+
+    w = WorkerLoad("w0", free_kv_tokens=4096, held=0, max_held=8, max_seq_tokens=2048)
+    placed, left = place([PendingSeq("huge", 1_000_000_003), PendingSeq("a", 1000), PendingSeq("b", 1100)], [w])
+    assert placed == {"w0": ["huge", "a"]} and [p.seq_id for p in left] == ["b"]
+    # A worker that publishes no context is bounded by its whole cache.
+    placed, _ = place([PendingSeq("huge", 1_000_000_003)], [WorkerLoad("old", 4096, 0, 8)])
+    assert placed == {"old": ["huge"]}

@@ -1,0 +1,67 @@
+"""One bad item never stalls a job: an item too large to deliver, or a max_tokens past
+the model's context, is refused before the job starts (naming its line), and a job
+submitted through the SDK with such a max_tokens still finishes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+import shoal
+from shoal.rpc import RemoteError
+
+
+def run_cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "shoal.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+GOOD = [{"id": "a", "prompt_token_ids": [5, 6, 7], "max_tokens": 4}, {"id": "b", "prompt": "The module", "max_tokens": 4}]
+HUGE = {"id": "huge", "prompt": "a " * 200_000, "max_tokens": 4}  # 400 KB: over the 256 KiB default
+
+
+def write(path, items) -> None:
+    path.write_bytes(b"".join(orjson.dumps(it) + b"\n" for it in items))
+
+
+def test_an_oversized_line_is_refused_naming_it(tiny_model, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write(inp, [*GOOD, HUGE])
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out))
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "in.jsonl:3: item of 400" in res.stderr and "exceeds the limit of 262144 bytes per item" in res.stderr
+    assert not out.exists()
+    # The limit is the user's to raise (here for the CLI and its local cluster's storage).
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out),
+                  "--max-item-bytes", str(500_000))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(orjson.loads(line)["id"] for line in out.read_bytes().splitlines()) == ["a", "b", "huge"]
+
+
+def test_max_tokens_past_the_context_is_refused_naming_its_line(tiny_model, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    write(inp, [*GOOD, {"id": "long", "prompt_token_ids": [1, 2], "max_tokens": 1_000_000_000}])
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(tmp_path / "o.jsonl"))
+    assert res.returncode == 2
+    assert "in.jsonl:3: max_tokens 1000000000 after a prompt of 2 tokens does not fit the model's context of 2048" \
+        in res.stderr
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(tmp_path / "in.jsonl"),
+                  "--output", str(tmp_path / "o.jsonl"), "--max-tokens", "5000")
+    assert res.returncode == 2 and "--max-tokens 5000 does not fit the model's context of 2048" in res.stderr
+
+
+def test_through_the_sdk_bad_items_fail_alone_and_nothing_hangs(tiny_model, tmp_path):
+    with shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb") as c:
+        client = shoal.Client(c.router, timeout=30)
+        with pytest.raises(RemoteError, match=r"3: item of \d+ bytes exceeds the limit"):
+            client.submit([*GOOD, HUGE])
+        # A max_tokens past the context once kept its item pending forever: it runs to the
+        # end of what the worker can hold, like any sequence that reaches its context.
+        job = client.submit([*GOOD, {"id": "long", "prompt_token_ids": [1, 2], "max_tokens": 1_000_000_000}],
+                            params={"ignore_eos": True})
+        got = {r["id"]: r for r in job.wait(timeout=120)}
+    assert sorted(got) == ["a", "b", "long"]
+    assert got["long"]["finish_reason"] == "length" and len(got["long"]["token_ids"]) == 2048 - 2
+    assert len(got["a"]["token_ids"]) == 4
