@@ -23,13 +23,15 @@ import time
 
 import shoal
 from shoal.output_compare import compare_results
+from shoal.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
 WORDS = ("the of and to in is was for on that with as by at from it this be are an or module function "
          "class value list file return data time type name").split()
 
 
-def run(model: str, items: list[dict], params: SamplingParams, workers: int, drain: bool) -> dict:
+def run(model: str, items: list[dict], params: SamplingParams, workers: int, drain: bool) -> tuple[dict, int]:
+    """The results by id, and how many sequences moved into worker-0."""
     with tempfile.TemporaryDirectory() as d, shoal.LocalCluster(model, workers=workers, state_dir=d) as c:
         client = shoal.Client(c.router)
         job = client.submit(items, params=params.to_dict())
@@ -37,7 +39,9 @@ def run(model: str, items: list[dict], params: SamplingParams, workers: int, dra
             while job.status()["done"] < len(items) // 8:
                 time.sleep(0.1)
             client.drain(f"worker-{workers - 1}")
-        return {r["id"]: r for r in job.wait(timeout=3600)}
+        results = {r["id"]: r for r in job.wait(timeout=3600)}
+        stats = RpcClient(c.nodes["worker-0"][2]).request("StatsQuery", timeout=10)["stats"]
+        return results, stats["counters"].get("sequences.imported", 0)
 
 
 def main() -> None:
@@ -52,9 +56,9 @@ def main() -> None:
              for i in range(args.prompts)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.8, top_p=0.9, seed=args.seed,
                             ignore_eos=True, return_margins=True)
-    base = run(args.model, items, params, 1, False)
+    base, _ = run(args.model, items, params, 1, False)
     for name, workers, drain in (("2 workers", 2, False), ("2 workers, one drained", 2, True)):
-        other = run(args.model, items, params, workers, drain)
+        other, moved = run(args.model, items, params, workers, drain)
         same = parted = 0
         real = []
         for it in items:
@@ -65,7 +69,8 @@ def main() -> None:
                 same += 1
             else:
                 parted += 1
-        print(f"{name}: {same}/{len(items)} identical, {parted} parted at a near-boundary draw, {len(real)} real differences")
+        print(f"{name} ({moved} moved mid-job): {same}/{len(items)} identical, {parted} parted at a near-boundary draw, "
+              f"{len(real)} real differences")
         for line in real:
             print("  " + line)
 
