@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--max-item-bytes must be in [1, {MAX_HEADER_BYTES // 2}], got {args.max_item_bytes}")
     node_id = args.node_id or f"storage-{os.getpid()}"
     start_logging("storage", node_id)
-    node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
+    node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, bind=args.bind, etcd=args.etcd,
+                       cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ def place(pending: list[PendingSeq], workers: list[WorkerLoad]) -> tuple[dict[st
     free = {w.node_id: w.free_kv_tokens for w in workers}
     out: dict[str, list] = {w.node_id: [] for w in workers}
     left = []
+
     def need(seq: PendingSeq, w: WorkerLoad) -> int:
         return min(seq.kv_tokens, w.max_seq_tokens or w.free_kv_tokens)
 

@@ -63,20 +63,18 @@ class Draw:
     def to_list(self) -> list:
         return [self.u, self.lo, self.hi, self.cut]
 
-    @classmethod
-    def from_list(cls, v) -> "Draw":
-        return cls(float(v[0]), float(v[1]), float(v[2]), None if v[3] is None else float(v[3]))
 
-
-def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
     """The top-k then top-p filter: a keep mask in id order, and per row the distance
-    rounding would need to move the cut. scaled: tempered logits [R, V] float64."""
+    rounding would need to move the cut. scaled: tempered logits [R, V] float64; probs:
+    their softmax."""
     vocab = scaled.shape[1]
     sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
     ranks = torch.arange(vocab).unsqueeze(0)
     in_k = ranks < top_k
     # top-p runs on the distribution renormalized over the top-k tokens.
-    sp = torch.softmax(sorted_logits.masked_fill(~in_k, float("-inf")), dim=-1)
+    sp = probs.gather(1, order) * in_k
+    sp = sp / sp.sum(dim=-1, keepdim=True)
     before = torch.cumsum(sp, dim=-1) - sp  # mass strictly before each token
     keep_sorted = in_k & (before < top_p)  # always keeps the first token
     kept = keep_sorted.sum(dim=-1, keepdim=True)  # >= 1
@@ -96,7 +94,8 @@ def _filter(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
 def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]
            ) -> tuple[list[int], torch.Tensor | None, dict[int, Draw]]:
     """logits: [B, V] fp32. Returns the chosen ids; when any row asks for margins, the
-    top-1 minus top-2 logit of every row; and the `Draw` of every sampled row, by row."""
+    top-1 minus top-2 logit of every row; and the `Draw` of every sampled row that asks
+    for margins, by row."""
     top2 = torch.topk(logits, 2, dim=-1) if any(p.return_margins for p in params) else None
     chosen = logits.argmax(dim=-1)
     draws: dict[int, Draw] = {}
@@ -113,7 +112,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
             f = torch.tensor(filtered)
             top_k = torch.tensor([params[rows[j]].top_k or vocab for j in filtered]).unsqueeze(1)
             top_p = torch.tensor([params[rows[j]].top_p for j in filtered], dtype=torch.float64).unsqueeze(1)
-            keep, cuts = _filter(scaled[f], top_k, top_p)
+            keep, cuts = _filter(scaled[f], probs[f], top_k, top_p)
             probs[f] = probs[f] * keep
             for j, c in zip(filtered, cuts.tolist()):
                 cut[j] = c
@@ -128,7 +127,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
         lo = hi - probs.gather(1, pick)
         chosen[idx] = pick.squeeze(1)
         for j, (i, a, b) in enumerate(zip(rows, (lo / total).squeeze(1).tolist(), (hi / total).squeeze(1).tolist())):
-            c = cut[j]
-            draws[i] = Draw(uniforms[i], a, b, None if c is None or c == float("inf") else c)
+            if params[i].return_margins:
+                c = cut[j]
+                draws[i] = Draw(uniforms[i], a, b, None if c is None or c == float("inf") else c)
     margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None
     return chosen.tolist(), margins, draws

@@ -82,13 +82,13 @@ def test_a_near_tie_swap_does_not_move_the_draw():
 
 def test_a_draw_records_its_interval_and_cut():
     logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
-    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0)], [0.35])
+    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, return_margins=True)], [0.35])
     # In id order the CDF is 0.1 | 0.5 | 0.7 | 1.0: 0.35 falls in token 1's interval.
     assert tok == 1 and abs(d[0].lo - 0.1) < 1e-6 and abs(d[0].hi - 0.5) < 1e-6 and d[0].cut is None
     # top_p just under 0.7 keeps 0.4 and 0.3; 0.7 of the mass lies before 0.2, so the
     # cut is 1e-7 from keeping it too.
-    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, top_p=0.6999999)], [0.9])
+    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, top_p=0.6999999, return_margins=True)], [0.9])
     assert tok == 3 and abs(d[0].lo - 0.4 / 0.7) < 1e-6 and abs(d[0].hi - 1.0) < 1e-9
     assert d[0].cut < 1e-6
-    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, top_k=2)], [0.9])
+    (tok,), _, d = sample(logits, [SamplingParams(temperature=1.0, top_k=2, return_margins=True)], [0.9])
     assert tok == 3 and abs(d[0].cut - (torch.log(torch.tensor(0.3)) - torch.log(torch.tensor(0.2))).item()) < 1e-6
