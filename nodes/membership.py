@@ -70,6 +70,15 @@ def _member(key: bytes, value: bytes) -> Member:
     return Member(parts[-2], parts[-1], orjson.loads(value))
 
 
+def list_members(endpoint: str, cluster: str, timeout: float = 5.0) -> list[Member]:
+    """The members registered now (one read, no watch): for tools like `shoal nodes`."""
+    client = connect(endpoint, timeout=timeout)
+    try:
+        return [_member(kv.key, kv.value) for kv in client.get_prefix_response(members_prefix(cluster)).kvs]
+    finally:
+        client.close()
+
+
 class Registration:
     """This node's membership record and the lease behind it."""
 
@@ -157,6 +166,7 @@ class MemberView:
         self.client = connect(endpoint)
         self.prefix = members_prefix(cluster)
         self.on_change = on_change
+        self.listeners: list[Callable[[dict], None]] = []  # more on_change callbacks (e.g. an AddressBook)
         self.members: dict[str, Member] = {}
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -214,8 +224,9 @@ class MemberView:
                 pause = min(pause * 2, 5.0)
 
     def _notify(self) -> None:
-        if self.on_change:
-            self.on_change(self.snapshot())
+        snapshot = self.snapshot()
+        for listener in ([self.on_change] if self.on_change else []) + self.listeners:
+            listener(snapshot)
 
     def snapshot(self, role: str | None = None) -> dict[str, Member]:
         with self.lock:

@@ -193,6 +193,26 @@ def node_arg_parser(role: str, etcd_required: bool = False) -> argparse.Argument
     return ap
 
 
+def lasting_node_id(data_dir: str, role: str, given: str | None) -> str:
+    """A node with a data directory keeps its id across restarts (the id is written
+    there on first start): peers find it again by id, even at a new address."""
+    import os
+    import uuid
+    from pathlib import Path
+
+    path = Path(data_dir) / "node_id"
+    if given:
+        node_id = given
+    elif path.exists():
+        node_id = path.read_text().strip()
+    else:
+        node_id = f"{role}-{uuid.uuid4().hex[:8]}"
+    if not path.exists() or path.read_text().strip() != node_id:
+        os.makedirs(data_dir, exist_ok=True)
+        path.write_text(node_id + "\n")
+    return node_id
+
+
 def start_logging(role: str, node_id: str) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} {node_id} %(levelname)s %(name)s: %(message)s")
 

@@ -19,6 +19,7 @@ import orjson
 from shoal.async_rpc import AsyncRpcClient
 from shoal.nodes.async_node import AsyncNode
 from shoal.nodes.leader import Election
+from shoal.nodes.address_book import AddressBook
 from shoal.nodes.membership import MemberView
 from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
 from shoal.nodes.node import node_arg_parser, run_node, start_logging
@@ -35,6 +36,7 @@ class RouterNode(AsyncNode):
     def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default", **kw):
         super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
         self.view = MemberView(etcd, cluster).start()
+        self.addresses = AddressBook(self.view)  # to name a node that does not answer
         self.leader = Election(etcd, cluster, node_id)  # only to read who leads
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -108,13 +110,15 @@ class RouterNode(AsyncNode):
                 raise ProtocolError("unavailable", "the scheduler leadership is changing; retry") from None
             raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
-            raise ProtocolError("unavailable", f"{address} did not answer {msg.type}") from None
+            raise ProtocolError("unavailable", f"{self.addresses.name(address)} did not answer {msg.type}") from None
 
     async def _scheduler(self) -> str:
         leader, _ = await asyncio.to_thread(self.leader.current)  # an etcd read: off the loop
         member = self.view.snapshot("scheduler").get(leader) if leader else None
         if member is None:
-            raise ProtocolError("unavailable", "no scheduler leader right now; retry")
+            if not self.view.snapshot("scheduler"):
+                raise ProtocolError("unavailable", "no scheduler node in the cluster")
+            raise ProtocolError("unavailable", "no scheduler leader right now (an election is under way)")
         return member.info["address"]
 
     def _storage(self) -> str:

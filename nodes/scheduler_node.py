@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from shoal.nodes.leader import Election
+from shoal.nodes.address_book import AddressBook
 from shoal.nodes.membership import MemberView
 from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
 from shoal.program import ProgramError, check_program_name
@@ -117,6 +118,7 @@ class SchedulerNode(Node):
         super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
         self.election = Election(etcd, cluster, node_id)
         self.view = MemberView(etcd, cluster).start()
+        self.addresses = AddressBook(self.view)  # a node restarted at a new address is found again
         self.jobs: dict[str, Job] = {}
         self.ready_epoch = 0  # the epoch whose state this node has rebuilt; 0: none
         self.held: dict[str, int] = {}  # worker -> sequences it holds (last report)
@@ -174,7 +176,13 @@ class SchedulerNode(Node):
             raise ProtocolError("unavailable", "no storage node in the cluster")
         return address
 
+    def _job_storage(self, job: Job) -> str:
+        """The job's storage node where it is now (it may have restarted at a new address)."""
+        job.storage = self.addresses.current(job.storage)
+        return job.storage
+
     def _call(self, address: str, msg_type: str, fields: dict, timeout: float = CALL_TIMEOUT_S) -> Message:
+        address = self.addresses.current(address)
         try:
             client = self.clients.get(address) or self.clients.setdefault(address, RpcClient(address, self.ctx))
             # Everything a scheduler sends is idempotent: one lost message is re-sent.
@@ -182,7 +190,7 @@ class SchedulerNode(Node):
         except RemoteError as e:
             raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
-            raise ProtocolError("unavailable", f"{address} did not answer {msg_type}") from None
+            raise ProtocolError("unavailable", f"{self.addresses.name(address)} did not answer {msg_type}") from None
 
     def _log_job(self, job: Job) -> None:
         self._call(job.storage, "LogJob", {"epoch": self.election.epoch, "job": job.record()})
@@ -516,7 +524,7 @@ class SchedulerNode(Node):
             batch = [job.pending.popleft() for _ in range(min(room, len(job.pending)))]
             try:
                 self._call(hosts[wid].info["address"], "AssignSuperBatches", {
-                    "epoch": self.election.epoch, "job_id": job.job_id, "storage": job.storage, "report_to": self.advertise,
+                    "epoch": self.election.epoch, "job_id": job.job_id, "storage": self._job_storage(job), "report_to": self.advertise,
                     "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in batch],
                     "encoder": fingerprint, "vector_dtype": job.params.get("vector_dtype", "float32")})
             except ProtocolError as e:
@@ -563,7 +571,7 @@ class SchedulerNode(Node):
                     self._call(workers[wid].info["address"], "AssignSequences",
                                {"epoch": self.election.epoch, "job_id": job.job_id, "sequences": seqs,
                                 "program": job.program, "args": job.params,
-                                "report_to": self.advertise, "storage": job.storage})
+                                "report_to": self.advertise, "storage": self._job_storage(job)})
                     job.placed.update((s, wid) for s in part)
                     job.pending_ids.difference_update(part)
                     self.held[wid] = self.held.get(wid, 0) + len(part)

@@ -35,7 +35,7 @@ def fault_plan() -> FaultPlan | None:
 _env_keys: list = []
 
 
-def _keys(keys) -> "curve.CurveKeys | None":
+def resolve_keys(keys) -> "curve.CurveKeys | None":
     if keys is FROM_ENV:
         if not _env_keys:
             _env_keys.append(curve.CurveKeys.from_env())
@@ -63,7 +63,7 @@ def router(ctx: zmq.Context, bind: str, keys=FROM_ENV) -> tuple[zmq.Socket, str]
     returns it and the address it actually bound."""
     sock = _common(ctx.socket(zmq.ROUTER))
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    if (k := _keys(keys)) is not None:
+    if (k := resolve_keys(keys)) is not None:
         curve.serve_with(sock, ctx, k)
     host, _, port = bind.rpartition(":")
     if port in ("0", "*"):
@@ -75,7 +75,7 @@ def router(ctx: zmq.Context, bind: str, keys=FROM_ENV) -> tuple[zmq.Socket, str]
 
 def dealer(ctx: zmq.Context, connect: str, identity: bytes | None = None, keys=FROM_ENV) -> zmq.Socket:
     sock = _common(ctx.socket(zmq.DEALER))
-    if (k := _keys(keys)) is not None:
+    if (k := resolve_keys(keys)) is not None:
         curve.connect_with(sock, k)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)

@@ -25,7 +25,7 @@ from shoal.nodes.index_service import IndexService
 from shoal.nodes.search_server import SearchServer
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
-from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.nodes.node import Node, lasting_node_id, node_arg_parser, run_node, start_logging
 from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 < args.max_item_bytes <= MAX_HEADER_BYTES // 2:
         ap.error(f"--max-item-bytes must be in [1, {MAX_HEADER_BYTES // 2}], got {args.max_item_bytes}")
-    node_id = args.node_id or f"storage-{os.getpid()}"
+    node_id = lasting_node_id(args.dir, "storage", args.node_id)
     start_logging("storage", node_id)
     node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, bind=args.bind, etcd=args.etcd,
                        cluster=args.cluster, advertise=args.advertise)

@@ -51,7 +51,7 @@ def main() -> None:
         with shoal.LocalCluster(args.model, workers=2, schedulers=2, state_dir=tempfile.mkdtemp(), policy="mb",
                                 env=env, worker_args=["--threads", "1", "--budget", "64"]) as c:
             view = MemberView(c.etcd.endpoint, c.cluster).start()
-            client = shoal.Client(c.router, timeout=3)
+            client = shoal.Client(c.router, reply_timeout=3)
             job = client.submit(items, params={"ignore_eos": True}, job_key=f"w{rep}")
             wait(lambda: job.status()["done"] >= 2, 120)
             c.process("worker-1").send_signal(signal.SIGKILL)

@@ -9,6 +9,7 @@ import time
 
 import orjson
 
+from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
 from shoal.generate_input import MAX_ITEM_BYTES
 
 
@@ -31,8 +32,11 @@ def cmd_generate(args) -> int:
     from shoal.progress import Progress
     from shoal.sampling import SamplingParams
 
+    from shoal.output_path import check_output_file
+
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     params.validate()
+    check_output_file(args.output)  # before the job runs: its results are not thrown away at the end
     context = model_context(args.model)
     if params.max_tokens >= context:
         raise InputError(f"--max-tokens {params.max_tokens} does not fit the model's context of {context} tokens")
@@ -44,7 +48,7 @@ def cmd_generate(args) -> int:
     with cluster as local:
         router = args.router or local.router
         t0 = time.perf_counter()
-        job = Client(router).submit(payload, params=params.to_dict(), job_key=args.job_key)
+        job = Client(router, timeout=args.timeout).submit(payload, params=params.to_dict(), job_key=args.job_key)
         print(f"job {job.id}: {len(items)} sequences via {router}", file=sys.stderr)
         progress = Progress(len(items), "sequences")
         tokens = failed = 0
@@ -129,12 +133,10 @@ def cmd_nodes(args) -> int:
         etcd, cluster = rec["etcd"], rec["cluster"]
     if not etcd:
         raise ValueError("give --etcd HOST:PORT (and --cluster) or --dir of a local cluster")
-    view = MemberView(etcd, cluster).start()
-    members = sorted(view.snapshot().values(), key=lambda m: (m.role, m.node_id))
-    view.stop()
+    members = _members(etcd, cluster, args.timeout)
     for m in members:
         try:
-            st = RpcClient(m.info["address"]).request("StatsQuery", {}, timeout=3)["stats"]
+            st = RpcClient(m.info["address"], watch_handshake=True).request("StatsQuery", {}, timeout=min(args.timeout, 3))["stats"]
         except Exception as e:
             print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} unreachable: {e}")
             continue
@@ -156,6 +158,20 @@ def cmd_nodes(args) -> int:
     return 0
 
 
+def _members(etcd: str, cluster: str, timeout: float) -> list:
+    """The cluster's members as etcd lists them; an etcd that does not answer within
+    `timeout` is named in the error."""
+    from shoal.nodes.membership import list_members
+
+    try:
+        members = list_members(etcd, cluster, timeout)
+    except Exception as e:
+        raise RuntimeError(f"etcd at {etcd} did not answer within {timeout:.0f} s ({type(e).__name__}: {e})") from None
+    if not members:
+        print(f"no members in cluster {cluster!r} at etcd {etcd}", file=sys.stderr)
+    return sorted(members, key=lambda m: (m.role, m.node_id))
+
+
 def _etcd_of(args) -> tuple[str | None, str]:
     import json as _json
     from pathlib import Path
@@ -172,7 +188,7 @@ def cmd_drain(args) -> int:
 
     from shoal.client import Client
 
-    detail = Client(args.router).drain(args.node)
+    detail = Client(args.router, timeout=args.client_timeout).drain(args.node)
     print(f"draining {args.node}: {detail.get('held', 0)} sequences to move", flush=True)
     etcd, cluster = _etcd_of(args)
     if not etcd:
@@ -194,7 +210,7 @@ def cmd_drain(args) -> int:
 def cmd_migrate(args) -> int:
     from shoal.client import Client
 
-    detail = Client(args.router).migrate(args.job, args.to, args.seq)
+    detail = Client(args.router, timeout=args.timeout).migrate(args.job, args.to, args.seq)
     print(f"moving {detail['moving']} sequences of {args.job} to {args.to} (from {detail['from']})")
     return 0
 
@@ -202,7 +218,8 @@ def cmd_migrate(args) -> int:
 def cmd_status(args) -> int:
     from shoal.client import Client
 
-    print(orjson.dumps(Client(args.router).job(args.job).status(), option=orjson.OPT_INDENT_2).decode())
+    print(orjson.dumps(Client(args.router, timeout=args.timeout).job(args.job).status(),
+                       option=orjson.OPT_INDENT_2).decode())
     return 0
 
 
@@ -260,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
+    g.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                   help="give up when the cluster has not answered a request for this many seconds "
+                        "(it waits that long for a node that is down to come back)")
     g.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
                    help="largest input line taken, as compact JSON (a cluster's storage has its own limit)")
     g.set_defaults(fn=cmd_generate)
@@ -300,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     nd.add_argument("--etcd")
     nd.add_argument("--cluster", default="default")
     nd.add_argument("--dir", help="state dir of a local cluster (shoal up)")
+    nd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for etcd")
     nd.set_defaults(fn=cmd_nodes)
 
     dr = sub.add_parser("drain", help="move a worker's sequences to the others, then stop it")
@@ -308,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--etcd", help="wait until the node has left (needs the cluster's etcd)")
     dr.add_argument("--cluster", default="default")
     dr.add_argument("--dir", help="state dir of a local cluster (shoal up): wait using its etcd")
-    dr.add_argument("--timeout", type=float, default=600.0)
+    dr.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the node to leave")
+    dr.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                    help="give up when the cluster has not answered for this many seconds")
     dr.set_defaults(fn=cmd_drain)
 
     mg = sub.add_parser("migrate", help="move a job's sequences (or some of them) to a worker, mid-generation")
@@ -316,11 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     mg.add_argument("--to", required=True, help="the target worker's node id")
     mg.add_argument("--seq", action="append", help="a sequence id (repeat; default: all of the job's)")
     mg.add_argument("--router", required=True)
+    mg.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                    help="give up when the cluster has not answered for this many seconds")
     mg.set_defaults(fn=cmd_migrate)
 
     st = sub.add_parser("status", help="a job's status")
     st.add_argument("job")
     st.add_argument("--router", required=True)
+    st.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                    help="give up when the cluster has not answered for this many seconds")
     st.set_defaults(fn=cmd_status)
 
     n = sub.add_parser("node", help="run one node of a cluster in this process")
@@ -350,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteError as e:  # the cluster refused the job: its message names the problem
         print(f"shoal {args.cmd}: error: {e.message}", file=sys.stderr)
         return 2
+    except TimeoutError as e:  # the cluster did not answer: the message names what
+        print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
+        return 3
     except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError, FileExistsError) as e:
         print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ No torch here: the SDK installs with `pip install shoal`.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from pathlib import Path
 import orjson
 
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
+
+log = logging.getLogger(__name__)
 
 
 class Job:
@@ -71,20 +74,30 @@ INLINE_BYTES = 1 << 20  # a larger input is uploaded in chunks, never sent as on
 CHUNK_BYTES = 4 << 20
 
 
+DEFAULT_CLIENT_TIMEOUT_S = 120.0
+
+
 class Client:
     """Every request is idempotent (a job key, an upload chunk index, an offset), so a
-    request whose reply does not come within `timeout` is sent again, and one answered
-    'unavailable' (no leader yet, a takeover under way) is retried after a pause."""
+    request whose reply does not come within `reply_timeout` is sent again, and one
+    answered 'unavailable' (no leader yet, a takeover under way, a node down) is retried
+    after a pause, each until `timeout` seconds have passed since the call began; then
+    the call raises a TimeoutError that names what did not answer. What it waits for
+    is logged (logger `shoal.client`) as it changes."""
 
-    def __init__(self, router: str, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 50, curve_keys=None):
+    def __init__(self, router: str, timeout: float = DEFAULT_CLIENT_TIMEOUT_S, curve_keys=None,
+                 reply_timeout: float = DEFAULT_TIMEOUT_S):
         """`curve_keys`: the cluster's key directory when it uses CURVE (default:
         $SHOAL_CURVE_KEYS, if set)."""
+        if timeout <= 0 or reply_timeout <= 0:
+            raise ValueError(f"timeouts must be positive, got timeout={timeout}, reply_timeout={reply_timeout}")
         self.router = router
-        self.rpc = RpcClient(router, curve_keys=curve_keys) if curve_keys else RpcClient(router)
-        self.timeout, self.retries = timeout, retries
+        kw = {"curve_keys": curve_keys} if curve_keys else {}
+        self.rpc = RpcClient(router, watch_handshake=True, **kw)
+        self.timeout, self.reply_timeout = timeout, reply_timeout
 
     def submit(self, items: list[dict] | None = None, program: str = "generate", params: dict | None = None,
-               job_key: str | None = None, input_path: str | None = None, retries: int = 50) -> Job:
+               job_key: str | None = None, input_path: str | None = None) -> Job:
         """Submits a job; the same job_key submitted again returns the same job.
 
         Give the items, or `input_path`: a JSONL or Parquet file the storage node reads
@@ -105,7 +118,7 @@ class Client:
                 self._upload(fields["upload_id"], data)
         # Storage checks a large input before the reply: give it time (a re-send is harmless).
         large = "input_path" in fields or "upload_id" in fields
-        reply = self._request("SubmitJob", fields, timeout=max(self.timeout, 600.0) if large else None)
+        reply = self._request("SubmitJob", fields, reply_timeout=600.0 if large else None)
         return Job(self, reply["job_id"], reply["total"])
 
     def _upload(self, upload_id: str, data: bytes) -> None:
@@ -113,15 +126,32 @@ class Client:
             chunk = memoryview(data)[start:start + CHUNK_BYTES]
             self._request("UploadChunk", {"upload_id": upload_id, "index": index}, blobs={"data": chunk})
 
-    def _request(self, msg_type: str, fields: dict, blobs: dict | None = None, timeout: float | None = None):
-        for attempt in range(self.retries):
+    def _request(self, msg_type: str, fields: dict, blobs: dict | None = None, reply_timeout: float | None = None):
+        """One call: re-sent while no reply comes, retried while the cluster answers
+        'unavailable', until `timeout` (or a long operation's own `reply_timeout`)."""
+        wait = reply_timeout or min(self.reply_timeout, self.timeout)
+        t0 = time.monotonic()
+        deadline = t0 + max(self.timeout, wait)
+        said, pause = None, 0.2
+        while True:
             try:
-                return self.rpc.request(msg_type, fields, blobs, timeout=timeout or self.timeout, retries=2)
-            except (RemoteError, TimeoutError) as e:
-                if (isinstance(e, RemoteError) and e.code != "unavailable") or attempt == self.retries - 1:
+                # Each try may run a moment past the deadline: the last one is a real try.
+                return self.rpc.request(msg_type, fields, blobs, timeout=wait, retries=1 << 30,
+                                        deadline=max(deadline, time.monotonic() + min(wait, 1.0)))
+            except RemoteError as e:
+                if e.code != "unavailable":
                     raise
-                time.sleep(min(0.2 * (attempt + 1), 2.0))
-        raise AssertionError("unreachable")
+                why = e.message
+            except TimeoutError as e:
+                why = f"the router {self.router} does not answer ({e})"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"gave up on {msg_type} after {time.monotonic() - t0:.0f} s: {why}")
+            if why != said:  # say what we wait for, once per reason
+                log.warning("waiting for the cluster (%s): %s", msg_type, why)
+                said = why
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 2.0)
 
     def embed(self, inputs: list[str], output: str, encoder: str | dict, partition_by: str = "", b_min: int = 1024,
               n_max: int = 1024, vector_dtype: str = "float32", on_error: str = "fail", text_field: str = "text",
@@ -147,7 +177,7 @@ class Client:
         key = job_key or "embed-" + hashlib.blake2b(orjson.dumps(params, option=orjson.OPT_SORT_KEYS),
                                                     digest_size=10).hexdigest()
         reply = self._request("SubmitJob", {"job_key": key, "program": "embed", "params": params},
-                              timeout=max(self.timeout, 600.0))
+                              reply_timeout=600.0)
         job = Job(self, reply["job_id"], reply["total"])
         job.detail = reply["detail"]
         return job
@@ -158,7 +188,7 @@ class Client:
         {name, index_id, placement, rows, dim, encoder} once every shard is loaded.
         Loading the same index again is a no-op; another one under the name replaces it."""
         return self._request("LoadIndex", {"name": name, "path": str(Path(path).resolve()), "replicas": replicas},
-                             timeout=max(self.timeout, 600.0)).fields
+                             reply_timeout=600.0).fields
 
     def cluster_info(self) -> list[dict]:
         """Every member of the cluster: {node_id, role, info} as it published them."""

@@ -1,5 +1,6 @@
 """Reading job input: records `{"id", ...}` from JSONL lines or Parquet rows; for the
-`generate` program `{"id", "prompt" | "prompt_token_ids", ["max_tokens"]}`.
+`generate` program `{"id", "prompt" | "prompt_token_ids", ["max_tokens"], [sampling overrides]}`
+(the overrides are `ITEM_SAMPLING_FIELDS`, checked as the CLI checks its flags).
 
 Every problem is reported with its place (file and line, or upload and line) before
 any work starts. The same checks run in the CLI (on the user's file) and on the storage
@@ -25,12 +26,17 @@ class InputError(ValueError):
 MAX_ITEM_BYTES = 256 << 10
 
 
+# Sampling parameters an item may set for itself, over the job's.
+ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
+
+
 @dataclass(frozen=True)
 class GenerateItem:
     id: object
     prompt: str | None
     prompt_token_ids: list[int] | None
     max_tokens: int | None
+    sampling: dict | None = None  # the item's own ITEM_SAMPLING_FIELDS
 
     def to_record(self) -> dict:
         rec = {"id": self.id}
@@ -40,7 +46,27 @@ class GenerateItem:
             rec["prompt_token_ids"] = self.prompt_token_ids
         if self.max_tokens is not None:
             rec["max_tokens"] = self.max_tokens
+        rec.update(self.sampling or {})
         return rec
+
+
+def check_item_sampling(rec: dict, where: str) -> dict:
+    """The item's sampling overrides, refused as the CLI refuses the same flags."""
+    from shoal.sampling import RequestError, SamplingParams
+
+    own = {k: rec[k] for k in ITEM_SAMPLING_FIELDS if k in rec}
+    if not own:
+        return {}
+    if "ignore_eos" in own and not isinstance(own["ignore_eos"], bool):
+        raise InputError(f"{where}: ignore_eos must be true or false, got {own['ignore_eos']!r}")
+    for name in ("stop", "stop_token_ids"):
+        if name in own and not isinstance(own[name], list):
+            raise InputError(f"{where}: {name} must be a list, got {own[name]!r}")
+    try:
+        SamplingParams(**own).validate()
+    except (RequestError, TypeError) as e:
+        raise InputError(f"{where}: {e}") from None
+    return own
 
 
 class ItemChecker:
@@ -106,7 +132,7 @@ class ItemChecker:
             with_prompt = f" after a prompt of {len(ids)} tokens" if ids else ""
             raise InputError(f"{where}: max_tokens {mt}{with_prompt} does not fit the model's context of "
                              f"{self.max_context} tokens")
-        return GenerateItem(rid, prompt, ids, mt)
+        return GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where))
 
 
 def parse_jsonl(lines: Iterable[bytes], name: str) -> Iterator[tuple[str, int, object]]:

@@ -95,15 +95,18 @@ class LocalCluster:
     def process(self, name: str) -> subprocess.Popen:
         return self.nodes[name][0]
 
-    def restart(self, name: str, env: dict | None = None) -> str:
+    def restart(self, name: str, env: dict | None = None, new_address: bool = False) -> str:
         """Starts a node again as it was started (same id, same directory, same address,
-        so its peers' sockets reconnect) after it died; `env` replaces the cluster's."""
+        so its peers' sockets reconnect) after it died; `env` replaces the cluster's.
+        With `new_address` it binds a free port instead, as a node moved to another
+        port or host would: its peers find it by id in membership."""
         proc, args, address = self.nodes[name]
         if proc.poll() is None:
             raise RuntimeError(f"{name} is still running")
         proc.wait()
         self.procs.remove(proc)
-        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={address}"], env, self.prefixes[name])
+        bind = f"tcp://{address.rsplit(':', 2)[-2].lstrip('/')}:0" if new_address else address
+        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={bind}"], env, self.prefixes[name])
         self.nodes[name] = (self.nodes[name][0], args, new)
         return new
 

@@ -28,9 +28,29 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict |
                             env={**os.environ, **env} if env else None)
     line = proc.stdout.readline().strip()
     if not line.startswith(f"{role}:"):
-        proc.kill()
-        raise RuntimeError(f"{name} did not start (see {log_dir / (name + '.log')}): {line!r}")
+        try:
+            proc.wait(5)  # it is exiting: let it finish writing its log
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log = log_dir / f"{name}.log"
+        raise RuntimeError(f"{name} did not start: {last_error_line(log) or line or 'no reason logged'} (log: {log})")
     return proc, line.split(" ", 1)[1]
+
+
+def last_error_line(log: Path) -> str:
+    """The reason a node gave for dying: the last line of its log's final traceback
+    (the exception), or else its last line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last)"):
+            tail = [ln for ln in lines[i + 1:] if not ln.startswith(("File ", "^", "~"))]
+            return tail[-1] if tail else lines[-1]
+    return lines[-1]
 
 
 def terminate_pids(pids: list[int]) -> int:

@@ -180,9 +180,12 @@ def resolve_program(name: str) -> ProgramSpec:
 @program("generate")
 def generate(item: dict, **params):
     """One Generate per item: the item's prompt (text or token ids) with the job's
-    sampling parameters; an item may set its own max_tokens."""
+    sampling parameters; an item may set its own max_tokens and ITEM_SAMPLING_FIELDS."""
+    from shoal.generate_input import ITEM_SAMPLING_FIELDS
+
     if item.get("max_tokens"):
         params = {**params, "max_tokens": item["max_tokens"]}
+    params = {**params, **{k: item[k] for k in ITEM_SAMPLING_FIELDS if k in item}}
     ids = item.get("prompt_token_ids")
     out = yield (Generate(prompt_token_ids=ids, **params) if ids is not None else Generate(prompt=item.get("prompt"), **params))
     return out.to_dict()

@@ -132,8 +132,11 @@ def cmd_rag(args) -> int:
 
     if not args.router and not args.model:
         raise ValueError("give --model (a local cluster runs the job) or --router")
+    from shoal.output_path import check_output_file
+
     meta = check_index(args.index, args.encoder, args.k)
     items = read_questions(args.input)
+    check_output_file(args.output)
     params = {"max_hops": args.hops, "k": args.k, "thought_tokens": args.thought_tokens, "index": args.index_name}
     cluster = nullcontext() if args.router else LocalCluster(args.model, encoder=args.encoder, workers=args.workers,
                                                              storage_nodes=args.storage_nodes,

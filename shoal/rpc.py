@@ -29,18 +29,59 @@ class RemoteError(RuntimeError):
         self.message = message
 
 
+class HandshakeFailed(RuntimeError):
+    """The connection's security handshake failed: a request can never be answered."""
+
+
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+
 class RpcClient:
-    def __init__(self, address: str, ctx: zmq.Context | None = None, curve_keys=sockets.FROM_ENV):
+    def __init__(self, address: str, ctx: zmq.Context | None = None, curve_keys=sockets.FROM_ENV,
+                 watch_handshake: bool = False):
         """`curve_keys`: a `CurveKeys` (or a key directory) for a cluster that uses
-        CURVE; by default $SHOAL_CURVE_KEYS, if set."""
+        CURVE; by default $SHOAL_CURVE_KEYS, if set. With `watch_handshake` (clients
+        people run), a request that times out after a failed handshake says why
+        (no keys, wrong keys) instead of only that no reply came."""
         self.address = address
         self.ctx = ctx or zmq.Context.instance()
         if isinstance(curve_keys, (str, os.PathLike)):
             from shoal.nodes.curve import CurveKeys
 
             curve_keys = CurveKeys.load(curve_keys)
+        self.keys = curve_keys = sockets.resolve_keys(curve_keys)
         self.sock = sockets.dealer(self.ctx, address, keys=curve_keys)
         self.stale = 0  # late replies discarded
+        self._monitor = None
+        if watch_handshake:
+            import uuid
+
+            self._monitor = self.sock.get_monitor_socket(HANDSHAKE_EVENTS, addr=f"inproc://handshake-{uuid.uuid4().hex}")
+
+    def handshake_failure(self) -> str | None:
+        """Why the last handshake with the node failed, if it did (None: it succeeded,
+        or none happened yet, or this client does not watch)."""
+        if self._monitor is None:
+            return None
+        from zmq.utils.monitor import recv_monitor_message
+
+        last = None
+        while self._monitor.poll(0):
+            last = recv_monitor_message(self._monitor)["event"]
+        if last is not None:
+            self._last_handshake = last
+        last = getattr(self, "_last_handshake", None)
+        if last is None or last == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            return None
+        if self.keys is None:
+            return (f"the security handshake with {self.address} failed: the cluster uses CURVE and this client "
+                    "has no CURVE keys (set SHOAL_CURVE_KEYS to the cluster's key directory)")
+        if last == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            return (f"the security handshake with {self.address} failed: this client uses CURVE keys "
+                    f"({self.keys.directory}) and the node does not")
+        return (f"the security handshake with {self.address} failed: the node refused this client's CURVE keys "
+                f"({self.keys.directory}); are they the cluster's?")
 
     def raw(self, frames: list, timeout: float = DEFAULT_TIMEOUT_S) -> Message:
         """Sends frames as they are (tests send malformed ones) and decodes the next reply."""
@@ -52,26 +93,44 @@ class RpcClient:
     def _await(self, msg_id: str, deadline: float) -> Message | None:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
+            if left <= 0:
                 return None
+            # In slices, so that a failed handshake is reported at once, not at the deadline.
+            if not self.sock.poll(int(min(left, 0.5 if self._monitor else left) * 1000) + 1):
+                if (why := self.handshake_failure()) is not None:
+                    raise HandshakeFailed(why)
+                continue
             reply = decode(self.sock.recv_multipart())
             if reply.reply_to == msg_id:
                 return reply
             self.stale += 1
 
     def request(self, msg_type: str, fields: dict | None = None, blobs: dict | None = None,
-                timeout: float = DEFAULT_TIMEOUT_S, retries: int = 0) -> Message:
+                timeout: float = DEFAULT_TIMEOUT_S, retries: int = 0, deadline: float | None = None) -> Message:
+        """Sends a request and waits `timeout` for its reply, re-sending it up to
+        `retries` times (never past `deadline`, a time.monotonic() value, if given)."""
         msg_id = new_message_id()
         frames = encode(msg_type, fields, blobs, msg_id=msg_id)
+        waited = 0.0
         for attempt in range(retries + 1):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             self.sock.send_multipart(frames)  # the same id: a reply to any copy answers it
-            reply = self._await(msg_id, time.monotonic() + timeout)
+            t = time.monotonic()
+            end = t + timeout if deadline is None else min(t + timeout, deadline)
+            reply = self._await(msg_id, end)
+            waited += time.monotonic() - t
             if reply is not None:
                 if reply.type == "Error":
                     raise RemoteError(reply["code"], reply["message"])
                 return reply
-        raise TimeoutError(f"no reply from {self.address} to {msg_type} within {timeout}s"
-                           + (f" ({retries + 1} tries)" if retries else ""))
+        if (why := self.handshake_failure()) is not None:
+            raise HandshakeFailed(why)
+        raise TimeoutError(f"no reply from {self.address} to {msg_type} within {waited:.0f}s"
+                           + (f" ({attempt + 1} tries)" if attempt else ""))
 
     def close(self) -> None:
+        if self._monitor is not None:
+            self.sock.disable_monitor()
+            self._monitor.close(0)
         self.sock.close(0)

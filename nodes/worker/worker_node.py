@@ -78,6 +78,13 @@ class WorkerNode(Node):
             engine.park_at = dict(plan.park_at)
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
+        self.view = self.addresses = None
+        if self.etcd:  # deliveries follow a storage node that restarts at a new address
+            from shoal.nodes.address_book import AddressBook
+            from shoal.nodes.membership import MemberView
+
+            self.view = MemberView(self.etcd, self.cluster).start()
+            self.addresses = AddressBook(self.view)
         self.encoder = encoder
         self.superbatches = None  # SuperBatches of embedding jobs, on workers with an encoder
         self.embedded: queue.Queue = queue.Queue()  # (job_id, work, Arrow IPC blob) to store
@@ -192,7 +199,7 @@ class WorkerNode(Node):
         clients = self._reader_clients
         backoff = 0.1
         while reply is None and not self._stop.is_set():
-            to = job.get("storage") or self.storage
+            to = self._storage_of(job)
             try:
                 reply = self._rpc(clients, to).request("ReadTexts", {"job_id": job_id, "slices": slices},
                                                        timeout=WRITE_TIMEOUT_S)
@@ -480,7 +487,7 @@ class WorkerNode(Node):
         for job_id, entries in by_job.items():
             job = self.jobs.get(job_id, {})
             for part in by_size(list(entries.values()), lambda e: len(orjson.dumps(e))):
-                self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteCheckpoints",
+                self._deliver(clients, lambda: self._storage_of(job), "WriteCheckpoints",
                               {"job_id": job_id, "checkpoints": part}, f"{len(part)} checkpoints of {job_id}")
 
     def _report_moves(self, clients: dict, moved: list) -> None:
@@ -540,7 +547,7 @@ class WorkerNode(Node):
             job = self.jobs.get(job_id, {})
             for entries in by_size(all_entries, lambda e: len(orjson.dumps(e[0]))):
                 records = [rec for rec, _ in entries]
-                self._deliver(clients, lambda: job.get("storage") or self.storage, "WriteResults",
+                self._deliver(clients, lambda: self._storage_of(job), "WriteResults",
                               {"job_id": job_id, "records": records}, f"{len(records)} results of {job_id}")
                 self.counters["results.written"] += len(records)
                 with self._holding_lock:
@@ -559,7 +566,7 @@ class WorkerNode(Node):
         job = self.jobs.get(job_id, {})
         sb = {"id": work.id, "slices": work.slices}
         while not self._stop.is_set():
-            to = job.get("storage") or self.storage
+            to = self._storage_of(job)
             try:
                 self._rpc(clients, to).request("WriteEmbeddings", {"job_id": job_id, "superbatch": sb,
                                                                    "encoder": self.encoder.fingerprint,
@@ -575,7 +582,14 @@ class WorkerNode(Node):
                           {"node_id": self.node_id, "job_id": job_id, "finished": [work.id], "tokens": work.size,
                            "stats": {"held": self.held()}}, f"progress of {job_id}")
 
+    def _storage_of(self, job: dict) -> str:
+        """A job's storage node where it is now (the assignment may name an address it left)."""
+        address = job.get("storage") or self.storage
+        return self.addresses.current(address) if self.addresses is not None and address else address
+
     def close(self) -> None:
+        if self.view is not None:
+            self.view.stop()
         if self.retrieve is not None:
             self.retrieve.close()
         if self.superbatches is not None:

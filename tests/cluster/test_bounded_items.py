@@ -54,7 +54,7 @@ def test_max_tokens_past_the_context_is_refused_naming_its_line(tiny_model, tmp_
 
 def test_through_the_sdk_bad_items_fail_alone_and_nothing_hangs(tiny_model, tmp_path):
     with shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb") as c:
-        client = shoal.Client(c.router, timeout=30)
+        client = shoal.Client(c.router, reply_timeout=30)
         with pytest.raises(RemoteError, match=r"3: item of \d+ bytes exceeds the limit"):
             client.submit([*GOOD, HUGE])
         # A max_tokens past the context once kept its item pending forever: it runs to the

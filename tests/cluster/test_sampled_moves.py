@@ -85,7 +85,7 @@ def test_resumed_from_checkpoints_after_kill_9_at_chosen_positions(tiny_model, t
     park = {k: v for k, v in PARK_AT.items() if v > 0}  # a checkpoint holds at least one token
     work = items(park)
     with cluster(tiny_model, tmp_path, 1, park, ["--checkpoint-tokens", "1"]) as c:
-        job = shoal.Client(c.router, timeout=3).submit(work, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=3).submit(work, params=PARAMS.to_dict())
         storage = RpcClient(c.nodes["storage-0"][2])
 
         def checkpointed() -> dict:

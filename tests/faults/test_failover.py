@@ -30,7 +30,7 @@ def kill(c: shoal.LocalCluster, name: str) -> None:
 def test_scheduler_leader_killed_standby_takes_over(tiny_model, tmp_path):
     items = workload()
     with cluster(tiny_model, tmp_path, schedulers=2) as c:
-        client = shoal.Client(c.router, timeout=3)
+        client = shoal.Client(c.router, reply_timeout=3)
         job = client.submit(items, params=PARAMS.to_dict(), job_key="failover")
         election = Election(c.etcd.endpoint, c.cluster, "observer")
         old_leader, old_epoch = election.current()
@@ -59,7 +59,7 @@ def test_worker_killed_mid_job_restarts_from_checkpoints(tiny_model, tmp_path):
 
     items = workload()
     with cluster(tiny_model, tmp_path, workers=1, worker_args=[*WORKER_ARGS, "--checkpoint-tokens", "8"]) as c:
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
         storage = RpcClient(c.nodes["storage-0"][2])
         end = time.monotonic() + 60
         while not any(storage.request("ReadInput", {"job_id": job.id, "offset": 0, "limit": 100,
@@ -78,7 +78,7 @@ def test_worker_killed_mid_job_restarts_from_checkpoints(tiny_model, tmp_path):
 def test_storage_killed_and_restarted_on_its_directory(tiny_model, tmp_path):
     items = workload()
     with cluster(tiny_model, tmp_path) as c:
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
         assert wait_for_progress(job, 3) < len(items)
         kill(c, "storage-0")
         c.restart("storage-0")
@@ -89,7 +89,7 @@ def test_storage_killed_and_restarted_on_its_directory(tiny_model, tmp_path):
 def test_router_killed_client_reattaches_by_job_id(tiny_model, tmp_path):
     items = workload()
     with cluster(tiny_model, tmp_path) as c:
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict(), job_key="via-router")
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict(), job_key="via-router")
         first = []
         for rec in job.results():
             first.append(rec)
@@ -97,7 +97,7 @@ def test_router_killed_client_reattaches_by_job_id(tiny_model, tmp_path):
                 break
         kill(c, "router-0")
         router = c.restart("router-0")
-        client = shoal.Client(router, timeout=3)
+        client = shoal.Client(router, reply_timeout=3)
         again = client.submit(items, params=PARAMS.to_dict(), job_key="via-router")  # the key still names it
         assert again.id == job.id
         rest = list(client.job(job.id).results(offset=len(first)))
@@ -113,7 +113,7 @@ def test_frozen_scheduler_rejoins_and_the_router_keeps_serving(tiny_model, tmp_p
 
     items = workload(16)
     with cluster(tiny_model, tmp_path) as c:
-        client = shoal.Client(c.router, timeout=3)
+        client = shoal.Client(c.router, reply_timeout=3)
         job = client.submit(items, params=PARAMS.to_dict(), job_key="frozen")
         _, epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
         sched = c.process("scheduler-0")
@@ -158,7 +158,7 @@ def test_frozen_worker_loses_its_work_and_rejoins_without_duplicates(tiny_model,
     # the loss, leaving nothing to drop. (The short half gives the progress waited for.)
     items = [{**it, "max_tokens": 400} if i % 2 else it for i, it in enumerate(workload(30))]
     with cluster(tiny_model, tmp_path, workers=2) as c:
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
         view = MemberView(c.etcd.endpoint, c.cluster).start()
         before = view.snapshot("worker")["worker-0"].info["incarnation"]
         assert wait_for_progress(job, 3) < len(items)
@@ -185,7 +185,7 @@ def test_wedged_step_loop_revokes_its_lease_and_exits(tiny_model, tmp_path):
     items = workload(16)
     env = {**FAST_RPC, "SHOAL_FAULTS": orjson.dumps({"stall_after_steps": 6}).decode()}
     with cluster(tiny_model, tmp_path, env=env, worker_args=[*WORKER_ARGS, "--stall-timeout", "2"]) as c:
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
         worker = c.process("worker-0")
         assert worker.wait(timeout=60) == 3  # the watchdog's exit code
         view = MemberView(c.etcd.endpoint, c.cluster).start()
@@ -207,7 +207,7 @@ def test_etcd_away_longer_than_the_lease(tiny_model, tmp_path):
 
     items = workload(24)
     with cluster(tiny_model, tmp_path) as c:
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict(), job_key="etcd-away")
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict(), job_key="etcd-away")
         _, epoch = Election(c.etcd.endpoint, c.cluster, "observer").current()
         assert wait_for_progress(job, 3) < len(items)
         c.etcd.stop()

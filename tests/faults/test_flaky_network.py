@@ -21,7 +21,7 @@ def test_job_finishes_whole_under_injected_faults(tiny_model, tmp_path):
     env = {"SHOAL_FAULTS": orjson.dumps(PLAN).decode(), "SHOAL_RPC_TIMEOUT_S": "1.5"}
     with shoal.LocalCluster(tiny_model, workers=2, state_dir=tmp_path / "c", policy="mb", env=env,
                             worker_args=WORKER_ARGS) as c:
-        job = shoal.Client(c.router, timeout=2).submit(items, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=2).submit(items, params=PARAMS.to_dict())
         results = job.wait(timeout=280)
         view = MemberView(c.etcd.endpoint, c.cluster).start()
         injected = {}

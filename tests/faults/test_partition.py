@@ -33,7 +33,7 @@ def test_worker_cut_off_and_healed(tiny_model, tmp_path):
         cut_off = c.add_worker("worker-1", host=net.inner_ip, prefix=net.prefix)
         view = MemberView(c.etcd.endpoint, c.cluster).start()
         before = view.snapshot("worker")["worker-1"].info["incarnation"]
-        job = shoal.Client(c.router, timeout=3).submit(items, params=PARAMS.to_dict())
+        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
         end = time.monotonic() + 60
         while _counters(cut_off).get("sequences.assigned", 0) == 0:
             assert time.monotonic() < end, "the worker on the other host was given no work"

@@ -45,7 +45,7 @@ def faults_cluster(tiny_model, minilm, tmp_path_factory):
     args = ["--budget", "64", "--threads", "1", "--checkpoint-tokens", "8", "--retrieve-timeout", "4"]
     with shoal.LocalCluster(tiny_model, encoder=minilm, workers=2, storage_nodes=3, state_dir=tmp / "c", policy="mb",
                             env=env, worker_args=args) as c:
-        client = shoal.Client(c.router, timeout=5)
+        client = shoal.Client(c.router, reply_timeout=5)
         corpus, emb = embed_corpus(client, tmp / "data", minilm)
         build_index(emb, tmp / "index3", 3)
         build_index(emb, tmp / "index2", 2)
