@@ -27,7 +27,7 @@ def cmd_generate(args) -> int:
     from contextlib import nullcontext
 
     from shoal.client import Client
-    from shoal.generate_input import InputError, model_context, read_generate_items
+    from shoal.generate_input import InputError, model_context, read_generate_items_skipping
     from shoal.local_cluster import LocalCluster
     from shoal.progress import Progress
     from shoal.sampling import SamplingParams
@@ -40,8 +40,14 @@ def cmd_generate(args) -> int:
     context = model_context(args.model)
     if params.max_tokens >= context:
         raise InputError(f"--max-tokens {params.max_tokens} does not fit the model's context of {context} tokens")
-    # Every line is checked before anything starts.
-    items = read_generate_items(args.input, args.max_item_bytes, max_context=context)
+    # Every line is checked before anything starts; with --on-error skip a bad one becomes
+    # its own error record in the output instead of refusing the job.
+    items, bad = read_generate_items_skipping(args.input, args.max_item_bytes, max_context=context,
+                                              skip=args.on_error == "skip")
+    for rec in bad:
+        print(f"skipped: {rec['error']}", file=sys.stderr)
+    if not items:
+        raise InputError(f"{args.input}: no item to run" + (f" ({len(bad)} skipped)" if bad else ""))
     payload = [it.to_record() for it in items]
     cluster = nullcontext() if args.router else LocalCluster(
         args.model, workers=args.workers, dtype=args.dtype, storage_args=["--max-item-bytes", str(args.max_item_bytes)])
@@ -51,10 +57,11 @@ def cmd_generate(args) -> int:
         job = Client(router, timeout=args.timeout).submit(payload, params=params.to_dict(), job_key=args.job_key)
         print(f"job {job.id}: {len(items)} sequences via {router}", file=sys.stderr)
         progress = Progress(len(items), "sequences")
-        tokens = failed = 0
+        tokens, failed = 0, len(bad)
         parquet = str(args.output).endswith(".parquet")
         jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
         with open(jsonl_path, "wb") as out:
+            out.write(b"".join(orjson.dumps(rec) + b"\n" for rec in bad))
             for rec in job.results():
                 rec.pop("margins", None)
                 rec.pop("draws", None)
@@ -69,7 +76,7 @@ def cmd_generate(args) -> int:
 
         jsonl_to_parquet(jsonl_path, args.output)
         os.unlink(jsonl_path)
-    print(f"results: {args.output}  ({len(items)} sequences, {failed} failed, "
+    print(f"results: {args.output}  ({len(items) + len(bad)} sequences, {failed} failed, "
           f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s)")
     return 0
 
@@ -277,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
+    g.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="a bad input line: refuse the job (fail), or run the rest and record the line's error "
+                        "in the output (skip)")
     g.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
                    help="give up when the cluster has not answered a request for this many seconds "
                         "(it waits that long for a node that is down to come back)")

@@ -135,20 +135,25 @@ class ItemChecker:
         return GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where))
 
 
-def parse_jsonl(lines: Iterable[bytes], name: str) -> Iterator[tuple[str, int, object]]:
-    """(where, line number, record) for every non-blank line; a bad line raises with its place."""
+def parse_jsonl(lines: Iterable[bytes], name: str, keep_going: bool = False) -> Iterator[tuple[str, int, object]]:
+    """(where, line number, record) for every non-blank line; a bad line raises with its
+    place (with `keep_going`, its InputError comes in place of the record)."""
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{name}:{lineno}"
         try:
-            yield where, lineno, orjson.loads(line)
+            rec = orjson.loads(line)
         except orjson.JSONDecodeError as e:
-            raise InputError(f"{where}: not valid JSON ({e})") from None
+            rec = InputError(f"{where}: not valid JSON ({e})")
+            if not keep_going:
+                raise rec from None
+        yield where, lineno, rec
 
 
-def read_records(path: str | Path) -> Iterator[tuple[str, int, object]]:
-    """Records of a JSONL file, or of a Parquet file (by its suffix), with their places."""
+def read_records(path: str | Path, keep_going: bool = False) -> Iterator[tuple[str, int, object]]:
+    """Records of a JSONL file, or of a Parquet file (by its suffix), with their places
+    (`keep_going`: a line that is not JSON comes as its InputError)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"input file {path} does not exist")
@@ -167,7 +172,7 @@ def read_records(path: str | Path) -> Iterator[tuple[str, int, object]]:
                 yield f"{path}:row {row}", row, rec
         return
     with path.open("rb") as fh:
-        yield from parse_jsonl(fh, str(path))
+        yield from parse_jsonl(fh, str(path), keep_going)
 
 
 def model_context(model_dir: str | Path) -> int:
@@ -186,5 +191,27 @@ def model_context(model_dir: str | Path) -> int:
 
 def read_generate_items(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
                         max_context: int | None = None) -> list[GenerateItem]:
+    """Every item, or an InputError naming the first bad line."""
+    items, _ = read_generate_items_skipping(path, max_item_bytes, max_context, skip=False)
+    return items
+
+
+def read_generate_items_skipping(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
+                                 max_context: int | None = None, skip: bool = True) -> tuple[list[GenerateItem], list[dict]]:
+    """The good items, and an error record for each bad line (`{"id", "line",
+    "error", "finish_reason": "error"}`, id null where the line has none), in input
+    order; without `skip` the first bad line raises."""
     checker = ItemChecker(max_item_bytes=max_item_bytes, max_context=max_context)
-    return [checker.check(rec, where, place) for where, place, rec in read_records(path)]
+    items, errors = [], []
+    for where, place, rec in read_records(path, keep_going=skip):
+        try:
+            if isinstance(rec, InputError):
+                raise rec
+            items.append(checker.check(rec, where, place))
+        except InputError as e:
+            if not skip:
+                raise
+            rid = rec.get("id") if isinstance(rec, dict) else None
+            errors.append({"id": rid if isinstance(rid, (str, int)) else None, "line": place, "error": str(e),
+                           "finish_reason": "error"})
+    return items, errors

@@ -65,3 +65,26 @@ def test_through_the_sdk_bad_items_fail_alone_and_nothing_hangs(tiny_model, tmp_
     assert sorted(got) == ["a", "b", "long"]
     assert got["long"]["finish_reason"] == "length" and len(got["long"]["token_ids"]) == 2048 - 2
     assert len(got["a"]["token_ids"]) == 4
+
+
+def test_on_error_skip_runs_the_rest_and_records_each_bad_line(tiny_model, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [orjson.dumps(it) for it in GOOD] + [
+        orjson.dumps(HUGE), b"{not json", orjson.dumps({"id": "t", "prompt": "x", "temperature": -1}),
+        orjson.dumps({"id": "long", "prompt_token_ids": [1, 2], "max_tokens": 1_000_000_000})]
+    inp.write_bytes(b"\n".join(lines) + b"\n")
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out), "--on-error", "skip")
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    errors = {r["line"]: r for r in got if r.get("finish_reason") == "error"}
+    assert sorted(errors) == [3, 4, 5, 6]
+    assert errors[3]["id"] == "huge" and "exceeds the limit of 262144 bytes per item" in errors[3]["error"]
+    assert errors[4]["id"] is None and "in.jsonl:4: not valid JSON" in errors[4]["error"]
+    assert errors[5]["id"] == "t" and "temperature must be >= 0" in errors[5]["error"]
+    assert errors[6]["id"] == "long" and "does not fit the model's context" in errors[6]["error"]
+    ok = {r["id"]: r for r in got if r.get("finish_reason") != "error"}
+    assert sorted(ok) == ["a", "b"] and len(ok["a"]["token_ids"]) == 4
+    assert "(6 sequences, 4 failed" in res.stdout
+    # Without it the first bad line refuses the job.
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out))
+    assert res.returncode == 2 and "in.jsonl:3: item of" in res.stderr

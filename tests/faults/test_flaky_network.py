@@ -13,7 +13,7 @@ from shoal.nodes.faults import FaultPlan, FaultySocket
 from shoal.nodes.membership import MemberView
 from shoal.rpc import RpcClient
 
-PLAN = {"seed": 11, "drop": 0.04, "duplicate": 0.08, "delay": 0.1, "delay_ms": 60, "reorder": 0.04}
+PLAN = {"seed": 11, "drop": 0.04, "duplicate": 0.08, "delay": 0.1, "delay_ms": 60, "reorder": 0.1}
 
 
 def test_job_finishes_whole_under_injected_faults(tiny_model, tmp_path):
