@@ -35,11 +35,12 @@ def _bad(message: str) -> ProtocolError:
 
 
 class EmbeddingJobs:
-    def __init__(self, root: Path, counters=None):
+    def __init__(self, root: Path, counters=None, data_roots=None):
         self.corpora = CorpusStore(root)
         self.outputs: dict[str, EmbeddingOutput] = {}  # job -> its output
         self.by_dir: dict[str, EmbeddingOutput] = {}  # resolved directory -> the one writer of it
         self.counters = counters
+        self.data_roots = data_roots  # where a job's corpus and output may be
         self.highwater = {"texts_per_read": 0, "rows_per_write": 0}
 
     def handlers(self) -> dict:
@@ -91,6 +92,10 @@ class EmbeddingJobs:
             raise _bad("the output header needs the encoder's fingerprint and its dimension")
         if not msg["output"]:
             raise _bad("an embedding job needs an output directory")
+        if self.data_roots is not None:
+            self.data_roots.check(msg["output"], "output directory")
+            for path in (msg["corpus"].get("inputs") or []) if isinstance(msg["corpus"], dict) else []:
+                self.data_roots.check(path, "corpus file")
         try:
             corpus = self.corpora.ingest(job_id, CorpusSpec.from_dict(msg["corpus"]))
         except InputError as e:

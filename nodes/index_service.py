@@ -32,7 +32,8 @@ def index_id(folder: str | Path) -> str:
 
 
 class IndexService:
-    def __init__(self, data_dir: Path, counters):
+    def __init__(self, data_dir: Path, counters, data_roots=None):
+        self.data_roots = data_roots  # where an index to load may be
         self.record = data_dir / "control" / "indexes.json"
         self.counters = counters
         self.publish = None  # set by the node: publishes `indexes` in its membership record
@@ -71,6 +72,8 @@ class IndexService:
         return loaded
 
     def on_load_shard(self, msg: Message):
+        if self.data_roots is not None:
+            self.data_roots.check(msg["path"], "index")
         path = str(Path(msg["path"]).resolve())
         try:
             shard = self._load(msg["name"], path, msg["shard"])

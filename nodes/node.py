@@ -190,7 +190,30 @@ def node_arg_parser(role: str, etcd_required: bool = False) -> argparse.Argument
     ap.add_argument("--cluster", default="default")
     ap.add_argument("--node-id")
     ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    ap.add_argument("--insecure", action="store_true",
+                    help="listen beyond loopback without CURVE keys (only on a network trusted as a whole)")
     return ap
+
+
+def parse_node_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The role's options, refused (exit 2, with the reason) where the node would listen
+    beyond loopback without CURVE keys and without --insecure (`exposure.py`)."""
+    from shoal.nodes.exposure import ExposureError, check_listen
+
+    args = ap.parse_args(argv)
+    try:
+        check_listen(args.bind, sockets.resolve_keys(sockets.FROM_ENV) is not None, args.insecure)
+    except ExposureError as e:
+        ap.error(str(e))
+    return args
+
+
+def open_by_default(args: argparse.Namespace) -> bool:
+    """A node on loopback trusts this machine's users (any program, any path); beyond
+    it, only what --allow-programs and --data-root grant."""
+    from shoal.nodes.exposure import is_loopback
+
+    return is_loopback(args.bind)
 
 
 def lasting_node_id(data_dir: str, role: str, given: str | None) -> str:

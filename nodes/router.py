@@ -22,7 +22,7 @@ from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.membership import MemberView
 from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
-from shoal.nodes.node import node_arg_parser, run_node, start_logging
+from shoal.nodes.node import node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError
@@ -182,7 +182,7 @@ class RouterNode(AsyncNode):
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("router", etcd_required=True)
     ap.add_argument("--dir", required=True, help="where job keys are kept")
-    args = ap.parse_args(argv)
+    args = parse_node_args(ap, argv)
     node_id = args.node_id or f"router-{os.getpid()}"
     start_logging("router", node_id)
     node = RouterNode(node_id, args.dir, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)

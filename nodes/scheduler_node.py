@@ -29,7 +29,7 @@ import orjson
 from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.membership import MemberView
-from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.nodes.node import Node, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--superbatches-in-flight", type=int, default=DEFAULT_SUPERBATCHES_IN_FLIGHT,
                     help="SuperBatches of embedding jobs a worker holds at once (its memory bound: this many "
                          "times B_min + n_max texts)")
-    args = ap.parse_args(argv)
+    args = parse_node_args(ap, argv)
     if args.superbatches_in_flight < 1:
         ap.error("--superbatches-in-flight must be at least 1")
     node_id = args.node_id or f"scheduler-{os.getpid()}"

@@ -20,12 +20,13 @@ from pathlib import Path
 import orjson
 from shoal.generate_input import MAX_ITEM_BYTES, InputError
 from shoal.nodes.checkpoint_store import CheckpointStore
+from shoal.nodes.data_roots import DataRoots
 from shoal.nodes.embedding_jobs import EmbeddingJobs
 from shoal.nodes.index_service import IndexService
 from shoal.nodes.search_server import SearchServer
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
-from shoal.nodes.node import Node, lasting_node_id, node_arg_parser, run_node, start_logging
+from shoal.nodes.node import Node, lasting_node_id, node_arg_parser, open_by_default, parse_node_args, run_node, start_logging
 from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
@@ -56,16 +57,20 @@ class _NoResults:
 class StorageNode(Node):
     role = "storage"
 
-    def __init__(self, node_id: str, data_dir: str | Path, max_item_bytes: int = MAX_ITEM_BYTES, **kw):
+    def __init__(self, node_id: str, data_dir: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
+                 data_roots: list[str] | None = None, **kw):
+        """`data_roots`: the folders a request may name paths in (input files, corpora,
+        embedding outputs, indexes); None: nowhere."""
         self.dir = Path(data_dir)
+        self.data_roots = DataRoots(data_roots or [])
         self.logs: dict[str, ResultLog] = {}
         self.checkpoints: dict[str, CheckpointStore] = {}
         self.inputs = InputStore(self.dir, max_item_bytes)
         self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
-        self.embedding = EmbeddingJobs(self.dir)
-        self.indexes = IndexService(self.dir, None)
+        self.embedding = EmbeddingJobs(self.dir, data_roots=self.data_roots)
+        self.indexes = IndexService(self.dir, None, data_roots=self.data_roots)
         super().__init__(node_id, info={"indexes": self.indexes.published()}, **kw)
         self.embedding.counters = self.indexes.counters = self.counters
         self.search = SearchServer(self, self.indexes.on_search, kw.get("bind", "tcp://127.0.0.1:0"), self.advertise)
@@ -126,6 +131,8 @@ class StorageNode(Node):
 
     def on_ingest(self, msg: Message):
         self._fence(msg["epoch"])
+        if msg["input_path"]:
+            self.data_roots.check(msg["input_path"], "input file")
         try:
             total = self.inputs.ingest(check_name("job_id", msg["job_id"]), msg["items"], msg["upload_id"],
                                        msg["input_path"], msg["program"])
@@ -263,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
                     help="largest job item taken, as compact JSON; a larger one is refused, naming its line "
                          f"(at most {MAX_HEADER_BYTES // 2}: items travel in message headers)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--data-root", action="append", default=None,
+                    help="a folder whose files requests may name (input files, corpora, embedding outputs, "
+                         "indexes); repeat for more. Default: / on a loopback address, none beyond it")
+    args = parse_node_args(ap, argv)
     if not 0 < args.max_item_bytes <= MAX_HEADER_BYTES // 2:
         ap.error(f"--max-item-bytes must be in [1, {MAX_HEADER_BYTES // 2}], got {args.max_item_bytes}")
     node_id = lasting_node_id(args.dir, "storage", args.node_id)
     start_logging("storage", node_id)
-    node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, bind=args.bind, etcd=args.etcd,
+    roots = args.data_root if args.data_root is not None else (["/"] if open_by_default(args) else [])
+    node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, data_roots=roots, bind=args.bind, etcd=args.etcd,
                        cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
 

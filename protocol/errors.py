@@ -12,6 +12,7 @@ class ProtocolError(ValueError):
     TOO_LARGE = "too_large"
     INVALID_FIELD = "invalid_field"
     BAD_INPUT = "bad_input"  # a job's input (an item, a line of an upload or file) is wrong
+    FORBIDDEN = "forbidden"  # not allowed to this peer (a path outside storage's data roots)
 
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")

@@ -85,9 +85,11 @@ def cmd_up(args) -> int:
     from shoal.local_cluster import LocalCluster
 
     cluster = LocalCluster(args.model, workers=args.workers, state_dir=args.dir, dtype=args.dtype,
-                           die_with_parent=not args.detach).start()
+                           die_with_parent=not args.detach, host=args.host, insecure=args.insecure).start()
     print(f"router: {cluster.router}", flush=True)
     print(f"etcd: {cluster.etcd.endpoint}  state: {cluster.dir}", flush=True)
+    if cluster.curve_keys:
+        print(f"CURVE keys: {cluster.curve_keys}  (clients: SHOAL_CURVE_KEYS={cluster.curve_keys})", flush=True)
     if args.detach:
         return 0  # `shoal down --dir` stops it
     try:
@@ -134,16 +136,20 @@ def cmd_nodes(args) -> int:
     from shoal.nodes.membership import MemberView
     from shoal.rpc import RpcClient
 
-    etcd, cluster = args.etcd, args.cluster
+    from shoal.nodes.sockets import FROM_ENV
+
+    etcd, cluster, keys = args.etcd, args.cluster, FROM_ENV
     if args.dir:
         rec = _json.loads((Path(args.dir) / "cluster.json").read_text())
         etcd, cluster = rec["etcd"], rec["cluster"]
+        keys = rec.get("curve_keys") or keys  # the local cluster's own keys
     if not etcd:
         raise ValueError("give --etcd HOST:PORT (and --cluster) or --dir of a local cluster")
     members = _members(etcd, cluster, args.timeout)
     for m in members:
         try:
-            st = RpcClient(m.info["address"], watch_handshake=True).request("StatsQuery", {}, timeout=min(args.timeout, 3))["stats"]
+            st = RpcClient(m.info["address"], curve_keys=keys, watch_handshake=True).request(
+                "StatsQuery", {}, timeout=min(args.timeout, 3))["stats"]
         except Exception as e:
             print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} unreachable: {e}")
             continue
@@ -313,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--dir", help="state directory (default: a new temporary one)")
     u.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     u.add_argument("--detach", action="store_true", help="return once it is up; stop it with `shoal down --dir`")
+    u.add_argument("--host", default="127.0.0.1",
+                   help="address every node listens on; beyond loopback CURVE keys are made in DIR/keys")
+    u.add_argument("--insecure", action="store_true", help="beyond loopback, listen without CURVE keys")
     u.set_defaults(fn=cmd_up)
 
     d = sub.add_parser("down", help="stop a cluster started with `shoal up --detach`")

@@ -5,8 +5,15 @@
     model = "/models/qwen3-8b"       # workers' model folder (same path on every host)
     state_dir = "/var/lib/shoal"     # per host: <state_dir>/<host name>/
     dtype = "bfloat16"               # optional, workers' dtype (default float32)
-    curve_keys = "/etc/shoal/keys"   # optional: CURVE-encrypt and authenticate every
-                                     # connection (`shoal keys generate DIR`; same keys on every host)
+    curve_keys = "/etc/shoal/keys"   # CURVE-encrypt and authenticate every connection (same
+                                     # keys on every host). Hosts with a non-loopback address need
+                                     # keys: by default <state_dir>/keys, made by the cluster-up of
+                                     # the host running the scheduler or storage; copy that folder
+                                     # to the other hosts (or share it) before their cluster-up
+    insecure = false                 # true: no keys beyond loopback (a network trusted as a whole)
+    data_roots = ["/data"]           # folders whose files jobs may name (input files, corpora,
+                                     # embedding outputs, indexes); default: none beyond loopback
+    allow_programs = ["mypkg.*"]     # user programs workers may import; default: none beyond loopback
 
     [[hosts]]
     name = "head"
@@ -54,6 +61,9 @@ class ClusterFile:
     dtype: str
     hosts: tuple[Host, ...]
     curve_keys: Path | None = None
+    insecure: bool = False
+    data_roots: tuple[str, ...] = ()
+    allow_programs: tuple[str, ...] = ()
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -76,6 +86,12 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
             raise ClusterFileError(f"{path}: {where} lacks {key!r}")
         return d[key]
 
+    def strings(d: dict, key: str) -> tuple[str, ...]:
+        value = d.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ClusterFileError(f"{path}: {key} must be a list of strings")
+        return tuple(value)
+
     hosts = []
     for i, h in enumerate(need(raw, "hosts", "the file")):
         where = f"hosts[{i}]"
@@ -94,4 +110,5 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
     return ClusterFile(need(raw, "cluster", "the file"), tuple([etcd] if isinstance(etcd, str) else etcd),
                        need(raw, "model", "the file"), Path(need(raw, "state_dir", "the file")),
                        raw.get("dtype", "float32"), tuple(hosts),
-                       Path(raw["curve_keys"]) if raw.get("curve_keys") else None)
+                       Path(raw["curve_keys"]) if raw.get("curve_keys") else None, bool(raw.get("insecure", False)),
+                       strings(raw, "data_roots"), strings(raw, "allow_programs"))

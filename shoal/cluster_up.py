@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from shoal.cluster_file import ClusterFile
 from shoal.node_process import spawn_node, terminate_pids
@@ -15,13 +16,14 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
     if pidfile.exists():
         raise RuntimeError(f"{host.name} already runs nodes ({pidfile}); cluster-down first")
     common = ["--etcd", cf.etcd[0], "--cluster", cf.cluster, "--bind", f"tcp://{host.address}:0"]
-    started: dict = {"pids": [], "addresses": {}}
+    if cf.insecure:
+        common.append("--insecure")
+    started: dict = {"pids": [], "addresses": {}, "keys": None}
     env = None
-    if cf.curve_keys:
-        from shoal.nodes.curve import CurveKeys
-
-        CurveKeys.load(cf.curve_keys)  # a missing keypair fails here, not in every node
-        env = {"SHOAL_CURVE_KEYS": str(cf.curve_keys)}
+    keys = cluster_keys(cf, host)
+    if keys is not None:
+        env = {"SHOAL_CURVE_KEYS": str(keys)}
+        started["keys"] = str(keys)
     order = [r for r in ("storage", "scheduler", "worker", "router") if r in host.roles]
     try:
         for role in order:
@@ -31,8 +33,11 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                 args = [*common, "--node-id", name]
                 if role in ("storage", "router"):
                     args += ["--dir", str(home / role)]
+                if role == "storage":
+                    args += [f"--data-root={r}" for r in cf.data_roots]
                 if role == "worker":
                     args += ["--model", cf.model, "--dtype", cf.dtype]
+                    args += [f"--allow-programs={p}" for p in cf.allow_programs]
                 proc, address = spawn_node(role, name, args, home / "logs", env)
                 started["pids"].append(proc.pid)
                 started["addresses"][name] = address
@@ -43,6 +48,30 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
         raise
     pidfile.write_text(json.dumps(started))
     return started
+
+
+def cluster_keys(cf: ClusterFile, host) -> Path | None:
+    """The CURVE key folder this host's nodes use: the file's `curve_keys`, or, for a
+    host listening beyond loopback, <state_dir>/keys (none on loopback or with
+    `insecure`). A missing keypair is made by a host that runs the scheduler or storage;
+    any other host must be given a copy (the same keys everywhere)."""
+    from shoal.nodes.curve import CurveKeys, generate
+    from shoal.nodes.exposure import is_loopback
+
+    keys = cf.curve_keys
+    if keys is None and not cf.insecure and not is_loopback(f"tcp://{host.address}:0"):
+        keys = cf.state_dir / "keys"
+    if keys is None:
+        return None
+    if not (Path(keys) / "cluster.key_secret").exists():
+        if not {"scheduler", "storage"} & set(host.roles):
+            raise RuntimeError(f"no CURVE keys at {keys}: copy that folder from the host that runs the scheduler "
+                               "(its cluster-up made them), or set insecure = true in the cluster file")
+        generate(keys)
+        print(f"made CURVE keys in {keys}: copy that folder to every other host (same path) and give it to "
+              f"clients (SHOAL_CURVE_KEYS={keys})", flush=True)
+    CurveKeys.load(keys)  # a broken keypair fails here, not in every node
+    return Path(keys)
 
 
 def cluster_down(cf: ClusterFile, host_name: str) -> int:

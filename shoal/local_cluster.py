@@ -23,7 +23,7 @@ class LocalCluster:
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
                  scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1,
-                 storage_args: list[str] | None = None, die_with_parent: bool = True):
+                 storage_args: list[str] | None = None, die_with_parent: bool = True, insecure: bool = False):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
@@ -33,7 +33,10 @@ class LocalCluster:
         jobs keep their results on storage-0, the smallest id); `storage_args` go to every
         storage node (e.g. `--max-item-bytes`). Unless `die_with_parent` is False (a
         detached `shoal up`), etcd and every node end when this process ends, however
-        it ends."""
+        it ends. On a `host` beyond loopback every connection needs CURVE keys: without
+        `curve_keys` they are made in STATE_DIR/keys (clients: SHOAL_CURVE_KEYS), unless
+        `insecure`; there workers run only built-in programs and storage opens no path a
+        request names unless `worker_args` / `storage_args` allow them (`exposure.py`)."""
         if model is None and encoder is None:
             raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
         self.encoder = str(encoder) if encoder else None
@@ -46,9 +49,19 @@ class LocalCluster:
         self.storage_args = storage_args or []
         self.die_with_parent = die_with_parent
         self.prefixes: dict[str, list[str] | None] = {}
+        self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
+        self.insecure = insecure
+        from shoal.nodes.exposure import is_loopback
+
+        if not curve_keys and not insecure and not is_loopback(f"tcp://{host}:0"):
+            from shoal.nodes.curve import generate
+
+            curve_keys = self.dir / "keys"
+            if not (curve_keys / "cluster.key_secret").exists():
+                generate(curve_keys)
+        self.curve_keys = str(curve_keys) if curve_keys else None
         if curve_keys:
             self.env = {**(self.env or {}), "SHOAL_CURVE_KEYS": str(curve_keys)}
-        self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
         self.procs: list[subprocess.Popen] = []
         self.nodes: dict[str, tuple[subprocess.Popen, list[str], str]] = {}  # name -> (process, args, address)
         self.etcd: EtcdServer | None = None
@@ -57,6 +70,8 @@ class LocalCluster:
     def _spawn(self, name: str, args: list[str], env: dict | None = None, prefix: list[str] | None = None) -> str:
         if not any(a.startswith("--bind") for a in args):
             args = [*args, f"--bind=tcp://{self.host}:0"]
+        if self.insecure:
+            args = [*args, "--insecure"]
         proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs",
                                    self.env if env is None else env, prefix, self.die_with_parent)
         self.procs.append(proc)
@@ -140,7 +155,8 @@ class LocalCluster:
 
         pids = [p.pid for p in self.procs] + [self.etcd.proc.pid]
         (self.dir / "cluster.json").write_text(json.dumps({"router": self.router, "etcd": self.etcd.endpoint,
-                                                           "cluster": self.cluster, "pids": pids}))
+                                                           "cluster": self.cluster, "pids": pids,
+                                                           "curve_keys": self.curve_keys}))
         return self
 
     def stop(self) -> None:

@@ -156,11 +156,26 @@ def check_program_name(name: str) -> None:
                            "give a user program as package.module:function")
 
 
-def resolve_program(name: str) -> ProgramSpec:
-    """The program a job names: a registered name or `package.module:function`."""
+def program_allowed(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether `package.module:function` matches a pattern: shell-style, against the
+    whole name (`mypkg.*:*`) or, for a pattern without a colon, its module (`mypkg.*`)."""
+    from fnmatch import fnmatchcase
+
+    module = name.partition(":")[0]
+    return any(fnmatchcase(name if ":" in p else module, p) for p in patterns)
+
+
+def resolve_program(name: str, allowed: tuple[str, ...] | None = None) -> ProgramSpec:
+    """The program a job names: a registered name or `package.module:function`, which
+    is imported only if it matches one of the `allowed` patterns (None: any)."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     check_program_name(name)
+    if allowed is not None and not program_allowed(name, allowed):
+        raise ProgramError(f"program {name!r} is not allowed on this worker: it runs built-in programs "
+                           f"({', '.join(sorted(_REGISTRY))})"
+                           + (f" and those matching {', '.join(allowed)}" if allowed else "")
+                           + " (worker option --allow-programs PATTERN)")
     module_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -75,6 +75,7 @@ class ProgramRunner:
         self.checkpoints: list[tuple[str, dict]] = []  # (job_id, {"id", "state"}) to send to storage
         self._marks: dict[tuple, int] = {}  # tokens of the current Generate at its last checkpoint
         self.checkpoint_seconds = 0.0  # compute-thread time spent taking checkpoints
+        self.allowed_programs: tuple[str, ...] | None = None  # user programs it may import; None: any
         self.executors = executors or {
             "embed": MissingExecutor("Embed", "it hosts no encoder"),
             "retrieve": MissingExecutor("Retrieve", "no index is reachable from it"),
@@ -100,7 +101,7 @@ class ProgramRunner:
         if key in self.coros:  # already here (a re-sent assignment or import): runs once
             return []
         try:
-            spec = resolve_program(program)
+            spec = resolve_program(program, self.allowed_programs)
             journal, generated = check_coroutine_state(state, sid, spec.name, spec.version, self.engine.fingerprint) \
                 if state is not None else ([], None)
             args = {**args, **(item.get("args") or {})}

@@ -19,7 +19,7 @@ import time
 
 import orjson
 
-from shoal.nodes.node import Node, node_arg_parser, run_node, start_logging
+from shoal.nodes.node import Node, node_arg_parser, open_by_default, parse_node_args, run_node, start_logging
 from shoal.nodes.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -629,7 +629,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="queries arriving within this window share one search call per shard")
     ap.add_argument("--stall-timeout", type=float, default=300.0,
                     help="seconds without a step, while holding work, before the worker revokes its lease and exits")
-    args = ap.parse_args(argv)
+    ap.add_argument("--allow-programs", action="append", default=None, metavar="PATTERN",
+                    help="user programs (package.module:function) this worker may import, shell-style "
+                         "(mypkg.*:*, or a module pattern); repeat for more. Built-ins always run. Default: "
+                         "any on a loopback address, none beyond it")
+    args = parse_node_args(ap, argv)
     if not (args.model or args.encoder):
         ap.error("give --model (a decoder), --encoder, or both")
     node_id = args.node_id or f"worker-{os.getpid()}"
@@ -663,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
                       checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
                       bind=args.bind, etcd=args.etcd,
                       cluster=args.cluster, advertise=args.advertise)
+    if args.allow_programs is not None or not open_by_default(args):
+        node.runner.allowed_programs = tuple(args.allow_programs or ())
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from shoal.rpc import RpcClient
 FAST_RPC = {"SHOAL_RPC_TIMEOUT_S": "2"}
 
 
-def _counters(address: str) -> dict:
-    return RpcClient(address).request("StatsQuery", timeout=5)["stats"]["counters"]
+def _counters(address: str, keys) -> dict:
+    return RpcClient(address, curve_keys=keys).request("StatsQuery", timeout=5)["stats"]["counters"]
 
 
 @pytest.mark.netns
@@ -33,9 +33,12 @@ def test_worker_cut_off_and_healed(tiny_model, tmp_path):
         cut_off = c.add_worker("worker-1", host=net.inner_ip, prefix=net.prefix)
         view = MemberView(c.etcd.endpoint, c.cluster).start()
         before = view.snapshot("worker")["worker-1"].info["incarnation"]
-        job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
+        # Beyond loopback the cluster is CURVE-keyed: LocalCluster made its keys.
+        keys = c.curve_keys
+        assert keys is not None
+        job = shoal.Client(c.router, reply_timeout=3, curve_keys=keys).submit(items, params=PARAMS.to_dict())
         end = time.monotonic() + 60
-        while _counters(cut_off).get("sequences.assigned", 0) == 0:
+        while _counters(cut_off, keys).get("sequences.assigned", 0) == 0:
             assert time.monotonic() < end, "the worker on the other host was given no work"
             time.sleep(0.05)
         net.cut()  # while it holds work
@@ -46,8 +49,8 @@ def test_worker_cut_off_and_healed(tiny_model, tmp_path):
         assert view.wait_for(lambda m: "worker-1" in m and m["worker-1"].info["incarnation"] != before,
                              timeout=30), "the healed worker did not register again"
         results = job.wait(timeout=240)
-        dropped = _counters(cut_off).get("sequences.dropped_on_rejoin", 0)
-        refused = _counters(c.nodes["storage-0"][2]).get("records.duplicate", 0)
+        dropped = _counters(cut_off, keys).get("sequences.dropped_on_rejoin", 0)
+        refused = _counters(c.nodes["storage-0"][2], keys).get("records.duplicate", 0)
         view.stop()
     # The partition did bite: the cut-off worker held work when it rejoined, or work it
     # finished while cut off was done a second time elsewhere and one write refused.
