@@ -8,6 +8,10 @@ by their encoded size as well as by count, to at most `BATCH_BYTES` each.
 from __future__ import annotations
 
 BATCH_BYTES = 512 << 10
+# One result record travels alone at worst, in a WriteResults and in a ResultBatch.
+MAX_RECORD_BYTES = BATCH_BYTES
+# A checkpoint travels beside its item (at most 512 KiB on storage) in one assignment.
+MAX_CHECKPOINT_BYTES = 384 << 10
 
 
 def by_size(entries: list, size, limit: int = BATCH_BYTES) -> list[list]:

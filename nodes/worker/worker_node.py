@@ -23,10 +23,10 @@ from shoal.nodes.node import Node, node_arg_parser, open_by_default, parse_node_
 from shoal.nodes.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.protocol.size_limits import by_size
+from shoal.protocol.size_limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, by_size
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
-from shoal.nodes.worker.program_runner import ProgramRunner
+from shoal.nodes.worker.program_runner import ProgramRunner, error_record
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
 
@@ -483,6 +483,10 @@ class WorkerNode(Node):
     def _write_checkpoints(self, clients: dict, batch: list) -> None:
         by_job: dict[str, dict] = {}
         for job_id, entry in batch:  # the newest checkpoint of a sequence replaces older ones
+            if len(orjson.dumps(entry)) > MAX_CHECKPOINT_BYTES:
+                # It could never travel with its item; the sequence keeps its last one that could.
+                self.counters["checkpoints.too_large"] += 1
+                continue
             by_job.setdefault(job_id, {})[repr(entry["id"])] = entry
         for job_id, entries in by_job.items():
             job = self.jobs.get(job_id, {})
@@ -542,6 +546,11 @@ class WorkerNode(Node):
     def _write_results(self, clients: dict, batch: list) -> None:
         by_job: dict[str, list] = {}
         for job_id, rec, tokens in batch:
+            size = len(orjson.dumps(rec))
+            if size > MAX_RECORD_BYTES:  # re-sent forever it would stall every result behind it
+                self.counters["results.too_large"] += 1
+                rec = error_record(rec["id"], f"sequence {rec['id']!r}: result of {size} bytes exceeds the largest "
+                                              f"result a message carries ({MAX_RECORD_BYTES} bytes)")
             by_job.setdefault(job_id, []).append((rec, tokens))
         for job_id, all_entries in by_job.items():
             job = self.jobs.get(job_id, {})
