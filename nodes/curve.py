@@ -50,8 +50,13 @@ def generate(directory: str | Path) -> Path:
     if (d / "cluster.key_secret").exists():
         raise FileExistsError(f"{d} already holds a cluster keypair")
     d.mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(str(d), "cluster")
+    old = os.umask(0o077)  # the secret key is never readable by others, not even for a moment
+    try:
+        zmq.auth.create_certificates(str(d), "cluster")
+    finally:
+        os.umask(old)
     os.chmod(d / "cluster.key_secret", 0o600)
+    os.chmod(d / "cluster.key", 0o644)  # the public key may be read by anyone
     return d
 
 

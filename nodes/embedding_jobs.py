@@ -92,28 +92,29 @@ class EmbeddingJobs:
             raise _bad("the output header needs the encoder's fingerprint and its dimension")
         if not msg["output"]:
             raise _bad("an embedding job needs an output directory")
-        if self.data_roots is not None:
-            self.data_roots.check(msg["output"], "output directory")
-            for path in (msg["corpus"].get("inputs") or []) if isinstance(msg["corpus"], dict) else []:
-                self.data_roots.check(path, "corpus file")
+        output_dir, spec = msg["output"], msg["corpus"]
+        if self.data_roots is not None:  # the paths as checked (links resolved) are the ones opened
+            output_dir = str(self.data_roots.check(output_dir, "output directory"))
+            if isinstance(spec, dict) and isinstance(spec.get("inputs"), list):
+                spec = {**spec, "inputs": [str(self.data_roots.check(p, "corpus file")) for p in spec["inputs"]]}
         try:
-            corpus = self.corpora.ingest(job_id, CorpusSpec.from_dict(msg["corpus"]))
+            corpus = self.corpora.ingest(job_id, CorpusSpec.from_dict(spec))
         except InputError as e:
             raise _bad(str(e)) from None
         header["corpus"] = corpus.meta["fingerprint"]
         try:
-            output = self._open_output(msg["output"], header, [list(p) for p in corpus.partitions])
+            output = self._open_output(output_dir, header, [list(p) for p in corpus.partitions])
         except (OutputMismatch, OSError) as e:  # the job is refused: its copy of the corpus goes too
             self.corpora.remove(job_id)
             raise _bad(str(e) if isinstance(e, OutputMismatch) else f"output {msg['output']}: {e.strerror or e}") from None
         self.outputs[job_id] = output
-        write_atomic(corpus.folder / "output.json", orjson.dumps({"dir": str(Path(msg["output"]).resolve()),
+        write_atomic(corpus.folder / "output.json", orjson.dumps({"dir": str(Path(output_dir).resolve()),
                                                                    "header": header}))
         # The output names its corpus: `shoal index build` takes the passages' texts from it.
-        write_atomic(Path(msg["output"]) / "corpus.json", orjson.dumps({"dir": str(corpus.folder.resolve())}))
+        write_atomic(Path(output_dir) / "corpus.json", orjson.dumps({"dir": str(corpus.folder.resolve())}))
         m = corpus.meta
         log.info("[embed] %s: %d texts in %d partitions stored (%d bad rows skipped); output %s holds %d",
-                 job_id, m["total"], m["partitions"], m["skipped"], msg["output"], output.rows)
+                 job_id, m["total"], m["partitions"], m["skipped"], output_dir, output.rows)
         return encode("CorpusReady", {"job_id": job_id, "total": m["total"], "partitions": m["partitions"],
                                       "skipped": m["skipped"], "errors": m["errors"], "empty": m["empty"],
                                       "done": output.rows}, reply_to=msg.id)

@@ -208,6 +208,16 @@ def parse_node_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argp
     return args
 
 
+def add_data_root_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--data-root", action="append", default=None,
+                    help="a folder whose files requests may name (input files, corpora, embedding outputs, "
+                         "indexes); repeat for more. Default: / on a loopback address, none beyond it")
+
+
+def data_roots_of(args: argparse.Namespace) -> list[str]:
+    return args.data_root if args.data_root is not None else (["/"] if open_by_default(args) else [])
+
+
 def open_by_default(args: argparse.Namespace) -> bool:
     """A node on loopback trusts this machine's users (any program, any path); beyond
     it, only what --allow-programs and --data-root grant."""

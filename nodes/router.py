@@ -20,9 +20,10 @@ from shoal.async_rpc import AsyncRpcClient
 from shoal.nodes.async_node import AsyncNode
 from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
+from shoal.nodes.data_roots import DataRoots
 from shoal.nodes.membership import MemberView
 from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
-from shoal.nodes.node import node_arg_parser, parse_node_args, run_node, start_logging
+from shoal.nodes.node import add_data_root_arg, data_roots_of, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError
@@ -33,8 +34,11 @@ log = logging.getLogger(__name__)
 class RouterNode(AsyncNode):
     role = "router"
 
-    def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default", **kw):
+    def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default",
+                 data_roots: list[str] | None = None, **kw):
+        """`data_roots`: where an index to load may be (the router reads its manifest)."""
         super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
+        self.data_roots = DataRoots(data_roots or [])
         self.view = MemberView(etcd, cluster).start()
         self.addresses = AddressBook(self.view)  # to name a node that does not answer
         self.leader = Election(etcd, cluster, node_id)  # only to read who leads
@@ -72,6 +76,7 @@ class RouterNode(AsyncNode):
         from shoal.scheduler.shard_placement import PlacementError, place_shards
         from shoal.vector_index import IndexError_, read_manifest
 
+        self.data_roots.check(msg["path"], "index")
         try:
             meta = await asyncio.to_thread(read_manifest, msg["path"])
         except IndexError_ as e:
@@ -182,10 +187,12 @@ class RouterNode(AsyncNode):
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("router", etcd_required=True)
     ap.add_argument("--dir", required=True, help="where job keys are kept")
+    add_data_root_arg(ap)
     args = parse_node_args(ap, argv)
     node_id = args.node_id or f"router-{os.getpid()}"
     start_logging("router", node_id)
-    node = RouterNode(node_id, args.dir, args.etcd, args.cluster, bind=args.bind, advertise=args.advertise)
+    node = RouterNode(node_id, args.dir, args.etcd, args.cluster, data_roots=data_roots_of(args), bind=args.bind,
+                      advertise=args.advertise)
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from shoal.nodes.index_service import IndexService
 from shoal.nodes.search_server import SearchServer
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
-from shoal.nodes.node import Node, lasting_node_id, node_arg_parser, open_by_default, parse_node_args, run_node, start_logging
+from shoal.nodes.node import Node, add_data_root_arg, data_roots_of, lasting_node_id, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
 from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
@@ -131,11 +131,11 @@ class StorageNode(Node):
 
     def on_ingest(self, msg: Message):
         self._fence(msg["epoch"])
-        if msg["input_path"]:
-            self.data_roots.check(msg["input_path"], "input file")
+        # The path as checked (links resolved) is the one opened: a link changed after the check is not followed.
+        input_path = str(self.data_roots.check(msg["input_path"], "input file")) if msg["input_path"] else ""
         try:
             total = self.inputs.ingest(check_name("job_id", msg["job_id"]), msg["items"], msg["upload_id"],
-                                       msg["input_path"], msg["program"])
+                                       input_path, msg["program"])
         except InputError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
         log.info("[input] %s: %d items stored", msg["job_id"], total)
@@ -270,15 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
                     help="largest job item taken, as compact JSON; a larger one is refused, naming its line "
                          f"(at most {MAX_HEADER_BYTES // 2}: items travel in message headers)")
-    ap.add_argument("--data-root", action="append", default=None,
-                    help="a folder whose files requests may name (input files, corpora, embedding outputs, "
-                         "indexes); repeat for more. Default: / on a loopback address, none beyond it")
+    add_data_root_arg(ap)
     args = parse_node_args(ap, argv)
     if not 0 < args.max_item_bytes <= MAX_HEADER_BYTES // 2:
         ap.error(f"--max-item-bytes must be in [1, {MAX_HEADER_BYTES // 2}], got {args.max_item_bytes}")
     node_id = lasting_node_id(args.dir, "storage", args.node_id)
     start_logging("storage", node_id)
-    roots = args.data_root if args.data_root is not None else (["/"] if open_by_default(args) else [])
+    roots = data_roots_of(args)
     node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, data_roots=roots, bind=args.bind, etcd=args.etcd,
                        cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)

@@ -148,8 +148,11 @@ def cmd_nodes(args) -> int:
     members = _members(etcd, cluster, args.timeout)
     for m in members:
         try:
-            st = RpcClient(m.info["address"], curve_keys=keys, watch_handshake=True).request(
-                "StatsQuery", {}, timeout=min(args.timeout, 3))["stats"]
+            rpc = RpcClient(m.info["address"], curve_keys=keys, watch_handshake=True)
+            try:
+                st = rpc.request("StatsQuery", {}, timeout=min(args.timeout, 3))["stats"]
+            finally:
+                rpc.close()
         except Exception as e:
             print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} unreachable: {e}")
             continue
@@ -163,7 +166,8 @@ def cmd_nodes(args) -> int:
             extra = (f" resident {q.get('resident', 0)} (running {e['running']}, waiting {e['waiting']},"
                      f" suspended on other ops {q.get('waiting_on_ops', 0)}, moving {q.get('moving', 0)},"
                      f" offloaded {q.get('offloaded', 0)}) kv {e['kv_blocks_used']}/{e['kv_blocks_total']}"
-                     f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')}"
+                     f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')},"
+                     f" dtype {e.get('dtype')}"
                      + (" DRAINING" if st.get("draining") else ""))
         if "jobs" in st:
             extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"
@@ -262,6 +266,9 @@ def cmd_keys(args) -> int:
     return 0
 
 
+DTYPE_HELP = ("compute dtype; auto (default): the checkpoint's where this device computes it natively "
+              "(bf16 on a CPU only with AVX512_BF16 or AMX), else float32")
+
 NODE_MAINS = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
               "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
@@ -286,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help=DTYPE_HELP)
     g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
@@ -317,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--model", required=True)
     u.add_argument("--workers", type=int, default=1)
     u.add_argument("--dir", help="state directory (default: a new temporary one)")
-    u.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    u.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help=DTYPE_HELP)
     u.add_argument("--detach", action="store_true", help="return once it is up; stop it with `shoal down --dir`")
     u.add_argument("--host", default="127.0.0.1",
                    help="address every node listens on; beyond loopback CURVE keys are made in DIR/keys")
@@ -376,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
 
     c = sub.add_parser("calibrate", help="measure the step cost model on this device (cached per model, dtype, device)")
     c.add_argument("--model", required=True)
-    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help=DTYPE_HELP)
     c.set_defaults(fn=cmd_calibrate)
 
     args = ap.parse_args(argv)

@@ -96,6 +96,16 @@ class Client:
         self.rpc = RpcClient(router, watch_handshake=True, **kw)
         self.timeout, self.reply_timeout = timeout, reply_timeout
 
+    def close(self) -> None:
+        """Closes the connection to the router (also on leaving a `with Client(...)` block)."""
+        self.rpc.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def submit(self, items: list[dict] | None = None, program: str = "generate", params: dict | None = None,
                job_key: str | None = None, input_path: str | None = None) -> Job:
         """Submits a job; the same job_key submitted again returns the same job.

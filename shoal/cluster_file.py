@@ -4,7 +4,8 @@
     etcd = ["10.0.0.1:2379"]         # endpoints of the cluster's etcd
     model = "/models/qwen3-8b"       # workers' model folder (same path on every host)
     state_dir = "/var/lib/shoal"     # per host: <state_dir>/<host name>/
-    dtype = "bfloat16"               # optional, workers' dtype (default float32)
+    dtype = "bfloat16"               # optional, workers' dtype (default auto: the checkpoint's
+                                     # where the device computes it natively, else float32)
     curve_keys = "/etc/shoal/keys"   # CURVE-encrypt and authenticate every connection (same
                                      # keys on every host). Hosts with a non-loopback address need
                                      # keys: by default <state_dir>/keys, made by the cluster-up of
@@ -109,6 +110,6 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
     etcd = need(raw, "etcd", "the file")
     return ClusterFile(need(raw, "cluster", "the file"), tuple([etcd] if isinstance(etcd, str) else etcd),
                        need(raw, "model", "the file"), Path(need(raw, "state_dir", "the file")),
-                       raw.get("dtype", "float32"), tuple(hosts),
+                       raw.get("dtype", "auto"), tuple(hosts),
                        Path(raw["curve_keys"]) if raw.get("curve_keys") else None, bool(raw.get("insecure", False)),
                        strings(raw, "data_roots"), strings(raw, "allow_programs"))

@@ -51,27 +51,30 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
 
 
 def cluster_keys(cf: ClusterFile, host) -> Path | None:
-    """The CURVE key folder this host's nodes use: the file's `curve_keys`, or, for a
-    host listening beyond loopback, <state_dir>/keys (none on loopback or with
-    `insecure`). A missing keypair is made by a host that runs the scheduler or storage;
-    any other host must be given a copy (the same keys everywhere)."""
+    """The CURVE key folder this host's nodes use: the file's `curve_keys` (which must
+    exist), or, for a host listening beyond loopback, <state_dir>/keys (none on loopback
+    or with `insecure`). Missing, those are made by one host only, the first that runs
+    a scheduler; every other host must be given a copy (the same keys everywhere:
+    two keypairs would split the cluster)."""
     from shoal.nodes.curve import CurveKeys, generate
     from shoal.nodes.exposure import is_loopback
 
-    keys = cf.curve_keys
-    if keys is None and not cf.insecure and not is_loopback(f"tcp://{host.address}:0"):
-        keys = cf.state_dir / "keys"
-    if keys is None:
+    if cf.curve_keys is not None:
+        CurveKeys.load(cf.curve_keys)  # a missing keypair fails here, not in every node
+        return Path(cf.curve_keys)
+    if cf.insecure or is_loopback(f"tcp://{host.address}:0"):
         return None
-    if not (Path(keys) / "cluster.key_secret").exists():
-        if not {"scheduler", "storage"} & set(host.roles):
-            raise RuntimeError(f"no CURVE keys at {keys}: copy that folder from the host that runs the scheduler "
-                               "(its cluster-up made them), or set insecure = true in the cluster file")
+    keys = cf.state_dir / "keys"
+    if not (keys / "cluster.key_secret").exists():
+        maker = next(h for h in cf.hosts if "scheduler" in h.roles)
+        if host.name != maker.name:
+            raise RuntimeError(f"no CURVE keys at {keys}: copy that folder from host {maker.name!r} (its cluster-up "
+                               "makes them), or set insecure = true in the cluster file")
         generate(keys)
         print(f"made CURVE keys in {keys}: copy that folder to every other host (same path) and give it to "
               f"clients (SHOAL_CURVE_KEYS={keys})", flush=True)
-    CurveKeys.load(keys)  # a broken keypair fails here, not in every node
-    return Path(keys)
+    CurveKeys.load(keys)
+    return keys
 
 
 def cluster_down(cf: ClusterFile, host_name: str) -> int:

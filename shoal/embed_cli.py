@@ -29,8 +29,9 @@ def add_parser(sub) -> None:
     e.add_argument("--vector-dtype", default="float32", choices=["float32", "float16"], help="as stored")
     e.add_argument("--on-error", default="fail", choices=["fail", "skip"],
                    help="a malformed row stops the job before it runs (fail) or is skipped and reported (skip)")
-    e.add_argument("--encoder-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="compute dtype of the local cluster's workers")
+    e.add_argument("--encoder-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="compute dtype of the local cluster's workers (auto: the encoder checkpoint's where "
+                        "this device computes it natively, else float32)")
     e.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     e.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
     e.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")

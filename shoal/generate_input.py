@@ -96,9 +96,12 @@ class ItemChecker:
                 raise InputError(problem)
         if not isinstance(rec.get("args", {}), dict):
             raise InputError(f"{where}: args must be an object (the program's keyword arguments)")
+        self._take_id(rec, place)
         return rec
 
     def _check_id(self, rec, where: str, place: int) -> None:
+        """Refuses a missing, ill-typed or repeated id; `_take_id` records it once the
+        whole item passed (a refused line does not claim its id)."""
         if not isinstance(rec, dict) or "id" not in rec:
             raise InputError(f"{where}: each line must be an object with an \"id\"")
         rid = rec["id"]
@@ -106,7 +109,9 @@ class ItemChecker:
             raise InputError(f"{where}: id must be a string or an integer, got {rid!r}")
         if rid in self.seen:
             raise InputError(f"{where}: duplicate id {rid!r} (first on line {self.seen[rid]})")
-        self.seen[rid] = place
+
+    def _take_id(self, rec: dict, place: int) -> None:
+        self.seen[rec["id"]] = place
 
     def _check_size(self, rec, where: str) -> None:
         size = len(orjson.dumps(rec))
@@ -132,7 +137,9 @@ class ItemChecker:
             with_prompt = f" after a prompt of {len(ids)} tokens" if ids else ""
             raise InputError(f"{where}: max_tokens {mt}{with_prompt} does not fit the model's context of "
                              f"{self.max_context} tokens")
-        return GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where))
+        item = GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where))
+        self._take_id(rec, place)
+        return item
 
 
 def parse_jsonl(lines: Iterable[bytes], name: str, keep_going: bool = False) -> Iterator[tuple[str, int, object]]:

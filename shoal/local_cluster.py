@@ -19,7 +19,7 @@ from shoal.node_process import spawn_node, terminate_pids
 
 class LocalCluster:
     def __init__(self, model: str | Path | None = None, workers: int = 1, state_dir: str | Path | None = None,
-                 cluster: str = "local", dtype: str = "float32", policy: str = "ebplus", worker_threads: int | None = None,
+                 cluster: str = "local", dtype: str = "auto", policy: str = "ebplus", worker_threads: int | None = None,
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
                  scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1,

@@ -50,6 +50,9 @@ def add_parsers(sub) -> None:
     r.add_argument("--replicas", type=int, default=1, help="storage nodes per index shard")
     r.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     r.add_argument("--workers", type=int, default=1, help="workers of the local cluster")
+    r.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the local cluster's decoder dtype (auto: the checkpoint's where this device computes "
+                        "it natively, else float32)")
     r.add_argument("--storage-nodes", type=int, default=1, help="storage nodes of the local cluster")
     r.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
     r.add_argument("--job-key", help="idempotency key (default: a new job)")
@@ -138,7 +141,7 @@ def cmd_rag(args) -> int:
     items = read_questions(args.input)
     check_output_file(args.output)
     params = {"max_hops": args.hops, "k": args.k, "thought_tokens": args.thought_tokens, "index": args.index_name}
-    cluster = nullcontext() if args.router else LocalCluster(args.model, encoder=args.encoder, workers=args.workers,
+    cluster = nullcontext() if args.router else LocalCluster(args.model, encoder=args.encoder, workers=args.workers, dtype=args.dtype,
                                                              storage_nodes=args.storage_nodes,
                                                              worker_threads=args.threads)
     with cluster as local:

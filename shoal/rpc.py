@@ -54,25 +54,30 @@ class RpcClient:
         self.sock = sockets.dealer(self.ctx, address, keys=curve_keys)
         self.stale = 0  # late replies discarded
         self._monitor = None
+        self._last_handshake, self._failures = None, 0
         if watch_handshake:
             import uuid
 
             self._monitor = self.sock.get_monitor_socket(HANDSHAKE_EVENTS, addr=f"inproc://handshake-{uuid.uuid4().hex}")
 
     def handshake_failure(self) -> str | None:
-        """Why the last handshake with the node failed, if it did (None: it succeeded,
-        or none happened yet, or this client does not watch)."""
+        """Why handshakes with the node fail, if they do (None: the last one succeeded,
+        none happened yet, or this client does not watch). A mechanism mismatch or an
+        authentication refusal is certain at once; a handshake cut short without detail
+        (what a wrong key looks like from the client) counts only when it repeats, since
+        a node restarting mid-handshake looks the same once."""
         if self._monitor is None:
             return None
         from zmq.utils.monitor import recv_monitor_message
 
-        last = None
         while self._monitor.poll(0):
-            last = recv_monitor_message(self._monitor)["event"]
-        if last is not None:
-            self._last_handshake = last
-        last = getattr(self, "_last_handshake", None)
+            event = recv_monitor_message(self._monitor)["event"]
+            self._failures = 0 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else self._failures + 1
+            self._last_handshake = event
+        last = self._last_handshake
         if last is None or last == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            return None
+        if last == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self._failures < 3:
             return None
         if self.keys is None:
             return (f"the security handshake with {self.address} failed: the cluster uses CURVE and this client "
@@ -80,8 +85,8 @@ class RpcClient:
         if last == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             return (f"the security handshake with {self.address} failed: this client uses CURVE keys "
                     f"({self.keys.directory}) and the node does not")
-        return (f"the security handshake with {self.address} failed: the node refused this client's CURVE keys "
-                f"({self.keys.directory}); are they the cluster's?")
+        return (f"the security handshake with {self.address} keeps failing: the node refused this client's CURVE "
+                f"keys ({self.keys.directory}; are they the cluster's?), or it is not a Shoal node")
 
     def raw(self, frames: list, timeout: float = DEFAULT_TIMEOUT_S) -> Message:
         """Sends frames as they are (tests send malformed ones) and decodes the next reply."""
@@ -111,11 +116,12 @@ class RpcClient:
         `retries` times (never past `deadline`, a time.monotonic() value, if given)."""
         msg_id = new_message_id()
         frames = encode(msg_type, fields, blobs, msg_id=msg_id)
-        waited = 0.0
-        for attempt in range(retries + 1):
+        waited, sent = 0.0, 0
+        for _ in range(retries + 1):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            self.sock.send_multipart(frames)  # the same id: a reply to any copy answers it
+            self.sock.send_multipart(frames)
+            sent += 1  # the same id: a reply to any copy answers it
             t = time.monotonic()
             end = t + timeout if deadline is None else min(t + timeout, deadline)
             reply = self._await(msg_id, end)
@@ -127,7 +133,7 @@ class RpcClient:
         if (why := self.handshake_failure()) is not None:
             raise HandshakeFailed(why)
         raise TimeoutError(f"no reply from {self.address} to {msg_type} within {waited:.0f}s"
-                           + (f" ({attempt + 1} tries)" if attempt else ""))
+                           + (f" ({sent} tries)" if sent > 1 else ""))
 
     def close(self) -> None:
         if self._monitor is not None:

@@ -46,8 +46,13 @@ def read_manifest(folder: str | Path) -> dict:
 def shard_files(folder: str | Path, meta: dict, shard: int) -> tuple[Path, Path]:
     if not 0 <= shard < len(meta["shards"]):
         raise IndexError_(f"index {folder} has {len(meta['shards'])} shards, not shard {shard}")
-    stem = Path(folder) / meta["shards"][shard]["file"]
-    return stem.with_suffix(".safetensors"), stem.with_suffix(".parquet")
+    base = Path(folder).resolve()
+    stem = base / meta["shards"][shard]["file"]
+    files = stem.with_suffix(".safetensors").resolve(), stem.with_suffix(".parquet").resolve()
+    # A manifest names files inside its own index folder, never elsewhere (links followed).
+    if any(base not in f.parents for f in files):
+        raise IndexError_(f"index {folder}: shard {shard} names a file outside the index folder")
+    return files
 
 
 def _corpus_texts(embeddings: Path):

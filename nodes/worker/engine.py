@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineConfig:
-    dtype: str = "float32"
+    # "auto": the checkpoint's dtype where the device computes it natively, else float32
+    # (`dtype_choice.py`); the engine's own config names the dtype it chose.
+    dtype: str = "auto"
     block_size: int = 16
     num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
     kv_cache_bytes: int = 2 << 30
@@ -82,6 +84,14 @@ class LLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig(), planner=None, cost_model=None):
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        from dataclasses import replace
+
+        from shoal.nodes.worker.dtype_choice import choose_dtype
+
+        self.dtype_choice = choose_dtype(config.dtype, model_dir)
+        if config.dtype == "auto":
+            log.info("[dtype] %s: %s", self.dtype_choice.name, self.dtype_choice.reason)
+        config = replace(config, dtype=self.dtype_choice.name)  # calibration and stats name what runs
         self.config = config
         self.model, self.fingerprint = load_decoder(model_dir, config.dtype)
         self.model_cfg = self.model.cfg
@@ -149,7 +159,8 @@ class LLMEngine:
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
                 "offloaded": sum(1 for s in self.waiting if s.host_kv is not None),
                 "offloaded_bytes": self.offloaded_bytes,
-                "planner": self.planner.stats(), "policy_fallback": self.policy_fallback}
+                "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,
+                "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason}
 
     # -- requests --------------------------------------------------------------------
 

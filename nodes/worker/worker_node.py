@@ -26,6 +26,7 @@ from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, by_size
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
+from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
 from shoal.nodes.worker.program_runner import ProgramRunner, error_record
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
@@ -63,7 +64,7 @@ class WorkerNode(Node):
         self.step_times: list[float] = []
         self._engine_snapshot: dict = {}
         cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
-               "max_seq_tokens": engine.max_total_tokens,
+               "max_seq_tokens": engine.max_total_tokens, "dtype": getattr(engine.config, "dtype", None),
                "calibration": engine.cost_model.to_dict() if engine.cost_model else None}
         if encoder is not None:  # the scheduler sends SuperBatches to workers with the job's encoder
             cap["encoder"] = encoder.fingerprint
@@ -615,13 +616,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("worker")
     ap.add_argument("--model", help="a decoder model folder (a worker hosts a decoder, an encoder, or both)")
     ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=list(DTYPE_NAMES),
+                    help="compute dtype; auto: the checkpoint's where this device computes it natively, else float32")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
     ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations and "
                     "embedding jobs' SuperBatches with it")
-    ap.add_argument("--encoder-dtype", default="float32", choices=["float32", "bfloat16"],
+    ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="the encoder's compute dtype (vectors are stored as the job asks)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
@@ -668,7 +670,11 @@ def main(argv: list[str] | None = None) -> int:
 
         from shoal.nodes.worker.encoder_calibration import load_or_calibrate
 
-        encoder = Encoder(args.encoder, dtype=getattr(torch, args.encoder_dtype))
+        from shoal.nodes.worker.dtype_choice import choose_dtype
+
+        choice = choose_dtype(args.encoder_dtype, args.encoder)
+        logging.getLogger(__name__).info("[dtype] encoder %s: %s", choice.name, choice.reason)
+        encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name))
         encoder_cost = load_or_calibrate(encoder)
     node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, encoder=encoder,
                       encoder_cost=encoder_cost, retrieve_timeout=args.retrieve_timeout,

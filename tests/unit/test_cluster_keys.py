@@ -18,7 +18,7 @@ def cf(tmp_path, **kw) -> ClusterFile:
 
 def test_keys_beyond_loopback_are_made_on_the_head_and_copied_elsewhere(tmp_path):
     f = cf(tmp_path)
-    with pytest.raises(RuntimeError, match="copy that folder from the host that runs the scheduler"):
+    with pytest.raises(RuntimeError, match="copy that folder from host 'head'"):
         cluster_keys(f, f.host("gpu"))
     keys = cluster_keys(f, f.host("head"))
     assert keys == tmp_path / "state" / "keys" and (keys / "cluster.key_secret").exists()
@@ -26,6 +26,8 @@ def test_keys_beyond_loopback_are_made_on_the_head_and_copied_elsewhere(tmp_path
     assert cluster_keys(cf(tmp_path / "i", insecure=True), f.host("gpu")) is None
     local = Host("lo", "127.0.0.2", ("worker",))
     assert cluster_keys(cf(tmp_path / "l"), local) is None
+    with pytest.raises(FileNotFoundError, match="no CURVE keypair"):  # a named folder must hold keys
+        cluster_keys(cf(tmp_path / "n", curve_keys=tmp_path / "nowhere"), f.host("head"))
 
 
 def test_loopback_and_listening_rules():

@@ -31,3 +31,15 @@ def test_bad_lines_name_file_and_line(tmp_path, text, message):
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         read_generate_items(tmp_path / "nope.jsonl")
+
+
+def test_a_refused_line_does_not_claim_its_id(tmp_path):
+    from shoal.generate_input import read_generate_items_skipping
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"id": "x", "prompt": "a", "temperature": -1}\n{"id": "x", "prompt": "b"}\n'
+                    '{"id": "x", "prompt": "c"}\n')
+    items, errors = read_generate_items_skipping(path)
+    assert [it.prompt for it in items] == ["b"]
+    assert [e["line"] for e in errors] == [1, 3]
+    assert "temperature" in errors[0]["error"] and "duplicate id 'x' (first on line 2)" in errors[1]["error"]

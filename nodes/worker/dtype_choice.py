@@ -1,0 +1,69 @@
+"""Which dtype a worker computes in: `--dtype auto` (the default) takes the checkpoint's
+`torch_dtype` where the device computes it natively, and fp32 where it does not.
+
+On a CPU, bf16 matrix multiplies are fast only with AVX512_BF16 or AMX (about 2.5x fp32
+on AVX-512 machines); with AVX2 alone they run at about a tenth of fp32, so a bf16
+checkpoint is converted to fp32 once at load. fp16 has no fast CPU path and gets the
+same treatment. On a GPU the checkpoint's dtype is used as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPE_NAMES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    name: str  # float32 | bfloat16 | float16: what the engine computes in
+    reason: str
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_native_bf16(flags: set[str] | None = None) -> str | None:
+    """The CPU feature that makes bf16 matmuls fast here, or None."""
+    flags = cpu_flags() if flags is None else flags
+    for feature in ("amx_bf16", "avx512_bf16"):
+        if feature in flags:
+            return feature
+    return None
+
+
+def checkpoint_dtype(model_dir: str | Path) -> str:
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"  # the loader reports a broken config with its own words
+    return str(raw.get("torch_dtype") or raw.get("dtype") or "float32")
+
+
+def choose_dtype(requested: str, model_dir: str | Path, on_gpu: bool = False, flags: set[str] | None = None) -> DtypeChoice:
+    if requested != "auto":
+        return DtypeChoice(requested, f"--dtype {requested}")
+    ckpt = checkpoint_dtype(model_dir)
+    if ckpt not in ("float32", "bfloat16", "float16"):
+        return DtypeChoice("float32", f"checkpoint dtype {ckpt!r} is not one Shoal computes in: float32")
+    if ckpt == "float32":
+        return DtypeChoice("float32", "the checkpoint's dtype (float32)")
+    if on_gpu:
+        return DtypeChoice(ckpt, f"the checkpoint's dtype ({ckpt}) on a GPU")
+    feature = cpu_native_bf16(flags)
+    if ckpt == "bfloat16" and feature:
+        return DtypeChoice("bfloat16", f"the checkpoint's dtype (bfloat16); this CPU has {feature}")
+    why = ("this CPU has neither AVX512_BF16 nor AMX, where bf16 matmuls run at a fraction of fp32"
+           if ckpt == "bfloat16" else "CPUs have no fast float16 matmuls")
+    return DtypeChoice("float32", f"the checkpoint is {ckpt}, but {why}: computing in float32 "
+                                  "(weights converted once at load)")
