@@ -4,9 +4,13 @@
 Each system runs in its own fresh process so that peak RSS is its own. Prints one
 summary line per figure and the ratios; `--json PATH` writes them too.
 
-    python scripts/bench_generate.py                      # W1 as specified (bf16)
-    python scripts/bench_generate.py --dtype float32      # on CPUs without native bf16
+    python scripts/bench_generate.py                      # W1 in the default dtype (auto)
+    python scripts/bench_generate.py --dtype bfloat16     # every system in bf16
     python scripts/bench_generate.py --sequences 32       # a scaled-down W1
+    python scripts/bench_generate.py --vllm-python /tmp/vv/bin/python   # vLLM from its own venv
+
+`--dtype auto` resolves as the worker does (`nodes/worker/dtype_choice.py`): the
+checkpoint's bf16 where this CPU has AVX512_BF16 or AMX, else float32, for every system.
 """
 
 from __future__ import annotations
@@ -111,16 +115,19 @@ def child(args) -> None:
     print("RESULT " + json.dumps(res))
 
 
-def vllm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
+def vllm_installed(python: str) -> bool:
+    """Whether `python` (this interpreter, or the one of vLLM's own venv) imports vllm."""
+    done = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+                          capture_output=True)
+    return done.returncode == 0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".bench/model-small", help="made with --preset small if absent")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    ap.add_argument("--vllm-python", default=sys.executable,
+                    help="the interpreter of a venv with vLLM's CPU build (it needs its own torch build)")
     ap.add_argument("--sequences", type=int, default=128)
     ap.add_argument("--budget", type=int, default=512, help="Shoal's max tokens per step")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -135,6 +142,12 @@ def main() -> None:
         from shoal.nodes.worker.models.make_model import make_model
 
         make_model(args.model, preset="small", dtype="bfloat16")
+    if args.dtype == "auto":
+        from shoal.nodes.worker.dtype_choice import choose_dtype
+
+        choice = choose_dtype("auto", args.model)
+        print(f"dtype auto: {choice.name} ({choice.reason})")
+        args.dtype = choice.name
     work = w1(sequences=args.sequences)
     total_tokens = work.prompt_tokens + work.output_tokens
     from shoal.nodes.worker.models.config import load_decoder_config
@@ -148,12 +161,13 @@ def main() -> None:
           f"{args.dtype}, {args.threads} threads; model {params / 1e6:.0f}M parameters; Shoal policy {args.policy}, "
           f"budget {args.budget} tokens/step")
     print(f"matmul ceiling ({args.dtype}, measured now): {ceiling:.0f} GFLOP/s")
-    systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or vllm_installed())]
-    if "vllm" in args.peers and not vllm_installed():
-        print("vllm: not installed here, skipped")
+    has_vllm = "vllm" in args.peers and vllm_installed(args.vllm_python)
+    systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]
+    if "vllm" in args.peers and not has_vllm:
+        print(f"vllm: not importable by {args.vllm_python}, skipped (see --vllm-python)")
     results = {}
     for name in systems:
-        cmd = [sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
+        cmd = [args.vllm_python if name == "vllm" else sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
                "--sequences", str(args.sequences), "--budget", str(args.budget), "--threads", str(args.threads),
                "--policy", args.policy]
         proc = subprocess.run(cmd, capture_output=True, text=True)
