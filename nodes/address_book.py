@@ -3,8 +3,10 @@
 Messages and job records name peers by address (a job's storage node, the leader its
 progress goes to). A node that restarts with the same id at a new address — a storage
 node on another port after a crash — must still be found by every loop that retries a
-delivery to it. The book remembers which node id published each address it has seen in
-membership, and answers a retry with that node's current address.
+delivery to it. The book remembers which node of each role published each address it
+has seen in membership, and answers a retry with that node's current address. Asked
+with the role it expects, it is not misled by another kind of node that later took the
+same port.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from shoal.nodes.membership import Member, MemberView
 class AddressBook:
     def __init__(self, view: MemberView):
         self.view = view
-        self._owner: dict[str, str] = {}  # every address seen -> the node id that published it
+        self._owner: dict[str, dict[str, str]] = {}  # address -> role -> the node id that last published it
+        self._last: dict[str, str] = {}  # address -> the node id that last published it, any role
         self._lock = threading.Lock()
         view.listeners.append(self._seen)
         self._seen(view.snapshot())
@@ -26,22 +29,27 @@ class AddressBook:
         with self._lock:
             for node_id, m in members.items():
                 if m.info.get("address"):
-                    self._owner[m.info["address"]] = node_id
+                    self._owner.setdefault(m.info["address"], {})[m.role] = node_id
+                    self._last[m.info["address"]] = node_id
 
-    def current(self, address: str) -> str:
-        """The address of the node that published `address`, as it is now (the same
-        address if the node is not a member right now, or was never seen)."""
+    def _node_id(self, address: str, role: str | None) -> str | None:
         with self._lock:
-            node_id = self._owner.get(address)
+            return self._owner.get(address, {}).get(role) if role else self._last.get(address)
+
+    def current(self, address: str, role: str | None = None) -> str:
+        """The address of the node (of `role`, if given) that published `address`, as it
+        is now (the same address if that node is not a member now, or was never seen)."""
+        node_id = self._node_id(address, role)
         if node_id is None:
             return address
         member = self.view.snapshot().get(node_id)
-        return member.info.get("address", address) if member is not None else address
+        if member is None or (role and member.role != role):
+            return address
+        return member.info.get("address", address)
 
     def name(self, address: str) -> str:
         """`role node-id (address)` for messages that say who did not answer."""
-        with self._lock:
-            node_id = self._owner.get(address)
+        node_id = self._node_id(address, None)
         member = self.view.snapshot().get(node_id) if node_id else None
         if member is None:
             return f"{node_id} ({address})" if node_id else address

@@ -178,7 +178,7 @@ class SchedulerNode(Node):
 
     def _job_storage(self, job: Job) -> str:
         """The job's storage node where it is now (it may have restarted at a new address)."""
-        job.storage = self.addresses.current(job.storage)
+        job.storage = self.addresses.current(job.storage, "storage")
         return job.storage
 
     def _call(self, address: str, msg_type: str, fields: dict, timeout: float = CALL_TIMEOUT_S) -> Message:
@@ -193,7 +193,7 @@ class SchedulerNode(Node):
             raise ProtocolError("unavailable", f"{self.addresses.name(address)} did not answer {msg_type}") from None
 
     def _log_job(self, job: Job) -> None:
-        self._call(job.storage, "LogJob", {"epoch": self.election.epoch, "job": job.record()})
+        self._call(self._job_storage(job), "LogJob", {"epoch": self.election.epoch, "job": job.record()})
 
     # -- handlers ----------------------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class SchedulerNode(Node):
         if job_id in self.jobs:
             job = self.jobs[job_id]
             if msg["upload_id"]:  # a retried submit re-sent its upload: storage drops that copy
-                self._call(job.storage, "IngestInput", {"job_id": job_id, "upload_id": msg["upload_id"], "epoch": epoch},
+                self._call(self._job_storage(job), "IngestInput", {"job_id": job_id, "upload_id": msg["upload_id"], "epoch": epoch},
                            INGEST_TIMEOUT_S)
             return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
                                           "duplicate": True, "detail": job.detail}, reply_to=msg.id)
@@ -460,7 +460,7 @@ class SchedulerNode(Node):
         """Reads pages of the job's unfinished items until enough are pending to fill
         the workers, skipping those already pending or placed."""
         while len(job.pending) < want and job.cursor < job.total:
-            page = self._call(job.storage, "ReadInput", {"job_id": job.job_id, "offset": job.cursor,
+            page = self._call(self._job_storage(job), "ReadInput", {"job_id": job.job_id, "offset": job.cursor,
                                                          "limit": INPUT_PAGE, "pending_only": True})
             checkpoints = page["checkpoints"] or [None] * len(page["items"])
             for item, state in zip(page["items"], checkpoints):
@@ -474,7 +474,7 @@ class SchedulerNode(Node):
     def _pages(self, job: Job, msg_type: str, key: str) -> list:
         out, offset = [], 0
         while True:
-            page = self._call(job.storage, msg_type, {"job_id": job.job_id, "offset": offset})
+            page = self._call(self._job_storage(job), msg_type, {"job_id": job.job_id, "offset": offset})
             out += page[key]
             if page["next_offset"] >= page["total"] or page["next_offset"] <= offset:
                 return out
@@ -540,7 +540,7 @@ class SchedulerNode(Node):
         result for every item (else some item fell between: rescan for it)."""
         if job.cursor < job.total or job.pending or job.placed:
             return
-        counts = self._call(job.storage, "ResultCountQuery", {"job_id": job.job_id})
+        counts = self._call(self._job_storage(job), "ResultCountQuery", {"job_id": job.job_id})
         if counts["records"] < job.total:
             job.rescan()
             return

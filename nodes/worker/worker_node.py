@@ -595,7 +595,7 @@ class WorkerNode(Node):
     def _storage_of(self, job: dict) -> str:
         """A job's storage node where it is now (the assignment may name an address it left)."""
         address = job.get("storage") or self.storage
-        return self.addresses.current(address) if self.addresses is not None and address else address
+        return self.addresses.current(address, "storage") if self.addresses is not None and address else address
 
     def close(self) -> None:
         if self.view is not None:
