@@ -30,20 +30,45 @@ sys.path.insert(0, str(HERE))
 from workloads import w1  # noqa: E402
 
 
-def matmul_gflops(dtype_name: str, threads: int) -> float:
-    """The machine's matrix-multiply throughput: the ceiling a decoder step can reach."""
+def matmul_gflops(dtype_name: str, threads: int) -> dict:
+    """The machine's matrix-multiply throughput, the ceiling a decoder step can reach:
+    the best of torch's `F.linear` and oneDNN with a prepacked weight (what vLLM's CPU
+    build and Shoal's packed linears call), at a decoder step's shape."""
     import torch
+
+    from shoal.nodes.worker.models.packed_linear import PackedLinear
 
     torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
     x = torch.randn(1024, 768, dtype=dtype)
-    w = torch.randn(4096, 768, dtype=dtype)
-    for _ in range(3):
-        torch.nn.functional.linear(x, w)
-    n, t = 10, time.perf_counter()
-    for _ in range(n):
-        torch.nn.functional.linear(x, w)
-    return 2 * 1024 * 768 * 4096 * n / (time.perf_counter() - t) / 1e9
+    lin = torch.nn.Linear(768, 4096, bias=False).to(dtype)
+    calls = {"F.linear": lambda: torch.nn.functional.linear(x, lin.weight)}
+    try:
+        packed = PackedLinear(lin, 1024)
+        calls["oneDNN packed"] = lambda: packed(x)
+    except Exception:  # no oneDNN ops in this torch build
+        pass
+    rates = {}
+    with torch.inference_mode():
+        for name, fn in calls.items():
+            for _ in range(3):
+                fn()
+            n, t = 10, time.perf_counter()
+            for _ in range(n):
+                fn()
+            rates[name] = 2 * 1024 * 768 * 4096 * n / (time.perf_counter() - t) / 1e9
+    return rates
+
+
+def cpu_summary() -> str:
+    """The CPU model and the vector flags every figure depends on."""
+    from shoal.nodes.worker.dtype_choice import cpu_flags
+
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
+    wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]
+    flags = cpu_flags()
+    return f"{model}; {os.cpu_count()} cores; " + " ".join(f for f in wanted if f in flags)
 
 
 def run_shoal(args, work) -> dict:
@@ -156,11 +181,14 @@ def main() -> None:
     params = (cfg.vocab_size * cfg.hidden_size + cfg.num_layers * (
         cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
         + 3 * cfg.hidden_size * cfg.intermediate_size))
-    ceiling = matmul_gflops(args.dtype, args.threads)
+    rates = matmul_gflops(args.dtype, args.threads)
+    ceiling = max(rates.values())
+    print(f"CPU: {cpu_summary()}")
     print(f"W1: {args.sequences} sequences, {work.prompt_tokens} prompt + {work.output_tokens} output tokens, "
           f"{args.dtype}, {args.threads} threads; model {params / 1e6:.0f}M parameters; Shoal policy {args.policy}, "
           f"budget {args.budget} tokens/step")
-    print(f"matmul ceiling ({args.dtype}, measured now): {ceiling:.0f} GFLOP/s")
+    print(f"matmul ceiling ({args.dtype}, 1024x768x4096, measured now): {ceiling:.0f} GFLOP/s ("
+          + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()) + ")")
     has_vllm = "vllm" in args.peers and vllm_installed(args.vllm_python)
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]
     if "vllm" in args.peers and not has_vllm:
@@ -194,7 +222,7 @@ def main() -> None:
         if peer != "shoal" and "shoal" in results:
             print(f"ratio shoal/{peer}: {results['shoal']['total_tok_s'] / results[peer]['total_tok_s']:.2f}x total tok/s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "ceiling_gflops": ceiling, "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_summary(), "ceiling_gflops": rates, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 
 CATEGORIES = [
     ("matmul", ("aten::addmm", "aten::mm", "aten::bmm", "mkldnn")),
-    ("attention", ("shoal::paged_decode_attention", "scaled_dot_product", "flash_attention", "aten::index_select",
+    ("attention", ("shoal::paged_attention", "scaled_dot_product", "flash_attention", "aten::index_select",
                    "index_copy")),
     ("sampling", ("aten::topk", "aten::argmax", "aten::sort", "aten::searchsorted")),
 ]

@@ -5,9 +5,12 @@ The KV cache of a layer is one tensor `[2, num_slots, kv_heads, head_dim]`; slot
 decode tokens first (one per sequence) and then each prefill chunk, so decodes run as
 one batched call and each chunk as one call.
 
-This is the CPU path: gather the slots a sequence reads, then
-`scaled_dot_product_attention`. A GPU kernel that reads block tables directly (such as
-flash-attention's paged API) replaces `paged_attention` behind the same metadata.
+Two paths share this metadata. The native kernel (`kernels/paged_attention.cpp`) takes
+every decode and every chunk as a *span* and reads the cache through block tables in
+one call per layer. The reference path gathers the slots a sequence reads, then calls
+`scaled_dot_product_attention` (a fresh prompt: causal SDPA on the step's own keys);
+tests compare the two. A GPU kernel that reads block tables directly (such as
+flash-attention's paged API) plugs in where the native kernel is called.
 """
 
 from __future__ import annotations
@@ -33,15 +36,18 @@ class PrefillSpan:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     block_size: int = 16
-    num_decodes: int = 0
-    decode_tables: torch.Tensor | None = None  # [B, max_blocks] int64 block tables
-    decode_ctx: torch.Tensor | None = None  # [B] tokens each decode attends to
-    # The gather path's view of the same: slots padded per sequence to L, and a mask.
+    num_decodes: int = 0  # the step's first rows, one token each
+    kernel: object = None  # the native paged attention module, when built
+    # Kernel path: spans of rows it computes (all decodes, then cached-prefix chunks).
+    span_rows: torch.Tensor | None = None  # [S] first row of each span
+    span_lens: torch.Tensor | None = None  # [S] rows of each span
+    span_ctx: torch.Tensor | None = None  # [S] context of each span, its own rows included
+    span_tables: torch.Tensor | None = None  # [S, max_blocks] int64 block tables
+    # Gather path: the decodes' slots padded per sequence to L, and a mask.
     decode_slots: torch.Tensor | None = None  # [B * L]
     decode_len: int = 0  # L
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, L]
-    decode_kernel: object = None  # native paged decode attention, when built
-    prefills: list[PrefillSpan] = field(default_factory=list)
+    prefills: list[PrefillSpan] = field(default_factory=list)  # chunks SDPA computes
 
 
 def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -64,14 +70,18 @@ def paged_attention(
     T, H, D = q.shape
     kvh = k.shape[1]
     group = H // kvh
-    out = torch.empty_like(q)
     b = meta.num_decodes
-    if b and meta.decode_kernel is not None:
-        with torch.profiler.record_function("shoal::paged_decode_attention"):
-            o = meta.decode_kernel(q[:b].float().contiguous(), kv_cache[0], kv_cache[1],
-                                   meta.decode_tables, meta.decode_ctx, meta.block_size, scale)
-        out[:b] = o.to(q.dtype)
-    elif b:
+    if meta.span_rows is not None:
+        # The kernel computes in fp32 and writes only its spans' rows; SDPA fills the rest.
+        qf = q.float().contiguous()
+        out = torch.empty_like(qf)
+        with torch.profiler.record_function("shoal::paged_attention"):
+            meta.kernel.paged_attention(qf, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows,
+                                        meta.span_lens, meta.span_ctx, meta.block_size, scale, out)
+        out = out.to(q.dtype)
+    else:
+        out = torch.empty_like(q)
+    if b and meta.span_rows is None:
         # Fold the query heads of a KV group into the query-length axis: one decode token
         # has no causal structure, so [B, KVH, G, D] against [B, KVH, L, D] is exact and
         # never materializes repeated keys.

@@ -47,9 +47,13 @@ class EngineConfig:
     # copy instead of a prefill (on a GPU it would be pinned memory). 0: they recompute.
     offload_bytes: int = 0
     num_threads: int | None = None
-    # "native": the compiled paged decode attention (falls back to "sdpa" if it cannot be
-    # built); "sdpa": gather the slots, then scaled_dot_product_attention.
+    # "native": the compiled paged attention for decodes and cached-prefix chunks (falls
+    # back to "sdpa" if it cannot be built); "sdpa": gather the slots, then
+    # scaled_dot_product_attention (the reference).
     attention: str = "native"
+    # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
+    # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
+    packed_linears: bool = True
     # Step planning: "mb", "eb" or "ebplus" (switches between them online). EB and EB+
     # need the device calibration: loaded from the state dir, or measured at start-up.
     policy: str = "ebplus"
@@ -94,6 +98,11 @@ class LLMEngine:
         config = replace(config, dtype=self.dtype_choice.name)  # calibration and stats name what runs
         self.config = config
         self.model, self.fingerprint = load_decoder(model_dir, config.dtype)
+        self.packed_linears = 0
+        if config.packed_linears:
+            from shoal.nodes.worker.models.packed_linear import pack_linears
+
+            self.packed_linears = pack_linears(self.model)
         self.model_cfg = self.model.cfg
         self.tokenizer = TextTokenizer(model_dir)
         dtype = parse_dtype(config.dtype)
@@ -106,9 +115,13 @@ class LLMEngine:
         self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype)
         kernel = None
         if config.attention == "native":
-            from shoal.nodes.worker.kernels import paged_decode_attention
+            from shoal.nodes.worker.kernels import paged_attention
 
-            kernel = paged_decode_attention()
+            kernel = paged_attention()
+            if kernel is not None and not kernel.supports_head_dim(self.model_cfg.head_dim):
+                log.warning("[engine] head_dim %d has no native attention build; using gather + SDPA",
+                            self.model_cfg.head_dim)
+                kernel = None
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
         self.runner = ModelRunner(self.model, self.cache, kernel)
@@ -160,7 +173,9 @@ class LLMEngine:
                 "offloaded": sum(1 for s in self.waiting if s.host_kv is not None),
                 "offloaded_bytes": self.offloaded_bytes,
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,
-                "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason}
+                "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason,
+                "attention": "native" if self.runner.kernel is not None else "sdpa",
+                "packed_linears": self.packed_linears}
 
     # -- requests --------------------------------------------------------------------
 

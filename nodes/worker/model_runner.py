@@ -1,7 +1,12 @@
 """Turns a step's chunks into tensors, runs the model, and returns logits.
 
-Decode-like chunks (one token) come first in the flat batch and share one batched
-attention call; each longer chunk is a prefill span.
+Decode-like chunks (one token) come first in the flat batch, then each longer chunk.
+With the native kernel every chunk is a *paged span*: its keys and values are written
+to the cache first, and one kernel call per layer reads all spans through their block
+tables (a fresh prompt too: the kernel's tiled loop measured 1.5x faster than causal
+SDPA on 512-token prompts). Without the kernel (the reference path), decodes and
+cached-prefix chunks gather their slots and use SDPA, and a fresh prompt runs causal
+SDPA on the step's own keys.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from shoal.nodes.worker.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cache: KVCache, decode_kernel=None):
+    def __init__(self, model: DecoderLM, cache: KVCache, kernel=None):
         self.model = model
         self.cache = cache
         self.bs = cache.block_size
-        self.decode_kernel = decode_kernel
+        self.kernel = kernel  # the compiled paged attention module, or None for gather + SDPA
 
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
@@ -28,59 +33,63 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: chunks[i][1] != 1)
         ids: list[int] = []
         pos: list[int] = []
-        slot_rows: list[torch.Tensor] = []
+        decode_slots: list[int] = []
+        chunk_slots: list[torch.Tensor] = []
         logit_rows: list[int] = []
         logit_chunks: list[int] = []
-        decodes = [i for i in order if chunks[i][1] == 1]
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs,
-                                 decode_kernel=self.decode_kernel)
+        # Paged spans (kernel path) or the decodes' tables (gather path): per span its first
+        # row in the step, its row count, its context and its block table.
+        rows: list[int] = []
+        lens: list[int] = []
+        ctxs: list[int] = []
+        tables: list[list[int]] = []
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs, kernel=self.kernel)
         row = 0
-        if decodes:
-            b = len(decodes)
-            ctx = [chunks[i][0].num_computed + 1 for i in decodes]
-            L = max(ctx)
-            nblk = -(-L // bs)
-            table = torch.zeros(b, nblk, dtype=torch.long)
-            for r, i in enumerate(decodes):
-                seq = chunks[i][0]
-                bt = seq.block_table[: -(-ctx[r] // bs)]
-                table[r, : len(bt)] = torch.tensor(bt)
-                ids.append(seq.token(seq.num_computed))
-                pos.append(seq.num_computed)
-                if sample_mask[i]:
-                    logit_rows.append(r)
-                    logit_chunks.append(i)
-            ctx_t = torch.tensor(ctx)
-            last = ctx_t - 1
-            slot_rows.append(table[torch.arange(b), last // bs] * bs + last % bs)
-            meta.num_decodes = b
-            meta.decode_tables = table
-            meta.decode_ctx = ctx_t
-            if self.decode_kernel is None:
-                slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
-                meta.decode_len = L
-                meta.decode_slots = slots.reshape(-1)
-                meta.decode_mask = (torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)).view(b, 1, 1, L)
-            row = b
-        for i in order[len(decodes):]:
+        for i in order:
             seq, n = chunks[i]
             start = seq.num_computed
-            ids.extend(seq.tokens(start, start + n))
-            pos.extend(range(start, start + n))
-            all_slots = self.cache.slots_of(seq.block_table, 0, start + n)
-            slot_rows.append(all_slots[start:])
-            if start == 0:
-                span = PrefillSpan(row, row + n, fresh=True)
+            end = start + n
+            if n == 1:
+                ids.append(seq.token(start))
+                pos.append(start)
+                decode_slots.append(seq.block_table[start // bs] * bs + start % bs)
+                meta.num_decodes += 1
             else:
-                q_pos = torch.arange(start, start + n).unsqueeze(1)
-                mask = torch.arange(start + n).unsqueeze(0) <= q_pos
-                span = PrefillSpan(row, row + n, fresh=False, slots=all_slots, mask=mask)
-            meta.prefills.append(span)
+                ids.extend(seq.tokens(start, end))
+                pos.extend(range(start, end))
+                all_slots = self.cache.slots_of(seq.block_table, 0, end)
+                chunk_slots.append(all_slots[start:])
+            if n == 1 or self.kernel is not None:
+                rows.append(row)
+                lens.append(n)
+                ctxs.append(end)
+                tables.append(seq.block_table[: -(-end // bs)])
+            elif start == 0:
+                meta.prefills.append(PrefillSpan(row, row + n, fresh=True))
+            else:
+                q_pos = torch.arange(start, end).unsqueeze(1)
+                mask = torch.arange(end).unsqueeze(0) <= q_pos
+                meta.prefills.append(PrefillSpan(row, row + n, fresh=False, slots=all_slots, mask=mask))
             row += n
             if sample_mask[i]:
                 logit_rows.append(row - 1)
                 logit_chunks.append(i)
-        meta.slot_mapping = torch.cat(slot_rows)
+        if rows:
+            width = max(map(len, tables))
+            table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+            ctx_t = torch.tensor(ctxs, dtype=torch.long)
+            if self.kernel is not None:
+                meta.span_rows = torch.tensor(rows, dtype=torch.long)
+                meta.span_lens = torch.tensor(lens, dtype=torch.long)
+                meta.span_ctx = ctx_t
+                meta.span_tables = table
+            else:  # only decodes are spans here: pad each to the longest context, mask the rest
+                b, L = len(rows), max(ctxs)
+                slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
+                meta.decode_len = L
+                meta.decode_slots = slots.reshape(-1)
+                meta.decode_mask = (torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)).view(b, 1, 1, L)
+        meta.slot_mapping = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *chunk_slots])
         logits = self.model(
             torch.tensor(ids, dtype=torch.long),
             torch.tensor(pos, dtype=torch.long),

@@ -67,7 +67,8 @@ def test_tiny_matches_transformers(tiny_model, chunked, attention):
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
                                              chunked_prefill=chunked, attention=attention))
     if attention == "native":
-        assert eng.runner.decode_kernel is not None, "the native kernel did not build"
+        assert eng.runner.kernel is not None, "the native kernel did not build"
+    assert eng.packed_linears > 0, "the projections were not packed for oneDNN"
     prompts = random_prompts(10, 512, MIXED)
     check_against_hf(tiny_model, eng, prompts, max_tokens=24)
     assert eng.stats.steps > 0 and not eng.has_unfinished()

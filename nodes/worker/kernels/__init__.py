@@ -1,9 +1,13 @@
 """Native kernels, compiled on first use for this machine and cached by torch.
 
-`paged_decode_attention` reads keys and values straight through block tables (the CPU
-counterpart of a GPU paged-attention kernel). Building it takes about a minute the first
-time on 2 cores; later processes load the cached build. If the build fails, the engine
-falls back to gather + scaled_dot_product_attention and says so.
+`paged_attention` reads keys and values straight through block tables, for decode
+tokens and for prefill chunks whose prefix is cached (the CPU counterpart of a GPU
+paged-attention kernel). It is built with ATen's vector types for the widest
+instruction set this CPU has (AVX-512 or AVX2), each under its own build name, so a
+cache shared by machines of both kinds never hands one the other's binary. Building
+takes about a minute the first time on 2 cores; later processes load the cached build.
+If the build fails, the engine falls back to gather + scaled_dot_product_attention and
+says so.
 """
 
 from __future__ import annotations
@@ -14,23 +18,38 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SRC = Path(__file__).with_name("paged_decode_attention.cpp")
+_SRC = Path(__file__).with_name("paged_attention.cpp")
+_VERSION = 5  # bump when the source changes in a way torch's cache would not notice
+
+
+def vector_isa(flags: set[str]) -> str:
+    """The ATen CPU capability to build for: what the vector code compiles to."""
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "AVX512"
+    if {"avx2", "fma"} <= flags:
+        return "AVX2"
+    return "DEFAULT"
 
 
 @functools.cache
-def paged_decode_attention():
-    """The compiled op, or None when it cannot be built here."""
+def paged_attention():
+    """The compiled extension module (`paged_attention`, `supports_head_dim`), or None
+    when it cannot be built here."""
     try:
         from torch.utils.cpp_extension import load
 
-        ext = load(
-            name="shoal_paged_decode_attention_v2",
-            sources=[str(_SRC)],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-        return ext.paged_decode_attention
+        from shoal.nodes.worker.dtype_choice import cpu_flags
+
+        isa = vector_isa(cpu_flags())
+        cflags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={isa}"]
+        if isa == "AVX512":
+            cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+        elif isa == "AVX2":
+            cflags += ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
+        ext = load(name=f"shoal_paged_attention_v{_VERSION}_{isa.lower()}", sources=[str(_SRC)],
+                   extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+        log.info("[kernels] paged attention built for %s (%d floats per vector)", isa, ext.vector_width())
+        return ext
     except Exception as e:  # a missing compiler or headers: the portable path still works
-        log.warning("[kernels] paged decode attention unavailable (%s); using gather + SDPA", e)
+        log.warning("[kernels] paged attention unavailable (%s); using gather + SDPA", e)
         return None

@@ -1,0 +1,147 @@
+"""The native paged attention kernel against the SDPA reference, span by span.
+
+Random head shapes, block tables with holes (blocks scattered over a cache with unused
+blocks between them), contexts from 1 to several thousand tokens, decode spans (one row)
+mixed with cached-prefix prefill spans (many rows, causal), fp32 and bf16 caches.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shoal.nodes.worker.kernels import paged_attention
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    ext = paged_attention()
+    assert ext is not None, "the native kernel did not build"
+    return ext
+
+
+def reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, scale):
+    """Each span gathered from the cache, then SDPA with the causal mask of its rows."""
+    out = torch.full_like(q, float("nan"))
+    H, KVH = q.shape[1], k_cache.shape[1]
+    for s in range(len(rows)):
+        r, n, c = int(rows[s]), int(lens[s]), int(ctx[s])
+        pos = torch.arange(c)
+        slots = tables[s][pos // bs] * bs + pos % bs
+        k = k_cache[slots].float().transpose(0, 1).unsqueeze(0)  # [1, KVH, c, D]
+        v = v_cache[slots].float().transpose(0, 1).unsqueeze(0)
+        qs = q[r : r + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        mask = pos.unsqueeze(0) <= torch.arange(c - n, c).unsqueeze(1)  # row i sees c - n + i + 1
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=H != KVH)
+        out[r : r + n] = o[0].transpose(0, 1)
+    return out
+
+
+def random_case(rng: random.Random, kernel, dtype, spans, bs, H, KVH, D):
+    """`spans`: (rows, context) pairs. Blocks are drawn without replacement from a cache
+    twice as large as needed, so tables have holes and arbitrary order."""
+    need = sum(-(-c // bs) for _, c in spans)
+    num_blocks = 2 * need + 3
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    width = max(-(-c // bs) for _, c in spans)
+    tables = torch.zeros(len(spans), width, dtype=torch.long)
+    rows, lens, ctx, row = [], [], [], 0
+    for s, (n, c) in enumerate(spans):
+        nb = -(-c // bs)
+        tables[s, :nb] = torch.tensor([free.pop() for _ in range(nb)])
+        rows.append(row)
+        lens.append(n)
+        ctx.append(c)
+        row += n
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    q = torch.randn(row + 3, H, D, generator=g)  # 3 rows no span covers
+    k_cache = (torch.randn(num_blocks * bs, KVH, D, generator=g) * 2).to(dtype)
+    v_cache = torch.randn(num_blocks * bs, KVH, D, generator=g).to(dtype)
+    rows, lens, ctx = (torch.tensor(x, dtype=torch.long) for x in (rows, lens, ctx))
+    scale = D**-0.5
+    out = torch.full_like(q, 7.0)
+    kernel.paged_attention(q, k_cache, v_cache, tables, rows, lens, ctx, bs, scale, out)
+    want = reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, scale)
+    return out, want, row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_sdpa_over_random_shapes(kernel, dtype):
+    rng = random.Random(0 if dtype == torch.float32 else 1)
+    for _ in range(12):
+        H_per = rng.choice([1, 2, 3, 4])
+        KVH = rng.choice([1, 2, 4])
+        D = rng.choice([d for d in (8, 16, 32, 64, 128) if kernel.supports_head_dim(d)])
+        bs = rng.choice([1, 4, 16, 32])
+        spans = []
+        for _ in range(rng.randint(1, 6)):
+            c = rng.choice([1, 2, rng.randint(3, 40), rng.randint(40, 600)])
+            n = 1 if rng.random() < 0.5 else rng.randint(1, c)
+            spans.append((n, c))
+        out, want, row = random_case(rng, kernel, dtype, spans, bs, KVH * H_per, KVH, D)
+        err = (out[:row] - want[:row]).abs().max().item()
+        assert err < 2e-5, f"H={KVH * H_per} KVH={KVH} D={D} bs={bs} spans={spans}: max error {err}"
+        assert torch.all(out[row:] == 7.0), "the kernel wrote rows outside its spans"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_long_contexts(kernel, dtype):
+    """Contexts of several thousand tokens: decodes and a 64-row chunk at the end of one."""
+    rng = random.Random(2)
+    spans = [(1, 1), (1, 4097), (1, 2500), (64, 3000), (1, 17)]
+    out, want, row = random_case(rng, kernel, dtype, spans, 16, 12, 4, 64)
+    err = (out[:row] - want[:row]).abs().max().item()
+    assert err < 2e-5, f"max error {err}"
+
+
+def test_kernel_rejects_bad_metadata(kernel):
+    q = torch.randn(2, 4, 64)
+    cache = torch.randn(32, 2, 64)
+    out = torch.empty_like(q)
+    one = torch.tensor([1])
+    with pytest.raises(RuntimeError, match="block id outside the cache"):
+        kernel.paged_attention(q, cache, cache, torch.tensor([[5]]), torch.tensor([0]), one, one, 16, 1.0, out)
+    with pytest.raises(RuntimeError, match="context out of range"):
+        kernel.paged_attention(q, cache, cache, torch.tensor([[0]]), torch.tensor([0]), one, torch.tensor([17]),
+                               16, 1.0, out)
+    with pytest.raises(RuntimeError, match="rows out of range"):
+        kernel.paged_attention(q, cache, cache, torch.tensor([[0]]), torch.tensor([2]), one, one, 16, 1.0, out)
+
+
+# Two ulps of bf16 at the tiny model's logit magnitude (~20), as in test_batch_invariance.
+BF16_LOGIT_ATOL = 0.25
+
+
+def test_engine_bf16_native_matches_reference_path(tiny_model):
+    """A bf16 engine through the kernel and through gather + SDPA: chunked prefill with a
+    small budget and a shared prefix put decodes, cached-prefix chunks and fresh chunks
+    in the same steps."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.output_compare import compare_results
+    from shoal.sampling import SamplingParams
+
+    r = random.Random(4)
+    shared = [r.randrange(511) for _ in range(90)]
+    prompts = [shared + [r.randrange(511) for _ in range(r.randint(1, 150))] for _ in range(6)]
+    prompts += [[r.randrange(511) for _ in range(r.randint(1, 300))] for _ in range(6)]
+    params = SamplingParams(max_tokens=12, ignore_eos=True, return_margins=True)
+    results, logits = {}, {}
+    for attention in ("native", "sdpa"):
+        eng = LLMEngine(tiny_model, EngineConfig(dtype="bfloat16", attention=attention, max_num_batched_tokens=64))
+        assert (eng.runner.kernel is not None) == (attention == "native")
+        steps: dict = {}
+        eng.on_logits = lambda ids, lg: [steps.setdefault(s, []).append(row.clone()) for s, row in zip(ids, lg)]
+        results[attention] = eng.generate(prompts, params)
+        logits[attention] = steps
+    for i, (a, b) in enumerate(zip(results["native"], results["sdpa"])):
+        cmp = compare_results(a, b, tol=BF16_LOGIT_ATOL)
+        assert cmp, f"prompt {i}: {cmp.detail}"
+        upto = cmp.diverged_at if cmp.diverged_at is not None else len(a.token_ids)
+        diff = (torch.stack(logits["native"][i][: upto + 1]) - torch.stack(logits["sdpa"][i][: upto + 1])).abs().max()
+        assert diff < BF16_LOGIT_ATOL, f"prompt {i}: logits differ by {diff.item()}"
