@@ -5,9 +5,10 @@ The KV cache of a layer is one tensor `[2, num_slots, kv_heads, head_dim]`; slot
 decode tokens first (one per sequence) and then each prefill chunk, so decodes run as
 one batched call and each chunk as one call.
 
-Two paths share this metadata. The native kernel (`kernels/paged_attention.cpp`) takes
-every decode and every chunk as a *span* and reads the cache through block tables in
-one call per layer. The reference path gathers the slots a sequence reads, then calls
+Two paths share this metadata. The native kernel (`kernels/paged_attention.cpp`,
+called from `DecoderLM`'s native forward) takes every decode and every chunk as a
+*span* and reads the cache through block tables in one call per layer. The reference
+path here gathers the slots a sequence reads, then calls
 `scaled_dot_product_attention` (a fresh prompt: causal SDPA on the step's own keys);
 tests compare the two. A GPU kernel that reads block tables directly (such as
 flash-attention's paged API) plugs in where the native kernel is called.
@@ -37,7 +38,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     block_size: int = 16
     num_decodes: int = 0  # the step's first rows, one token each
-    kernel: object = None  # the native paged attention module, when built
+    kernel: object = None  # the native ops module, when built: the model runs its native forward
     # Kernel path: spans of rows it computes (all decodes, then cached-prefix chunks).
     span_rows: torch.Tensor | None = None  # [S] first row of each span
     span_lens: torch.Tensor | None = None  # [S] rows of each span
@@ -70,18 +71,9 @@ def paged_attention(
     T, H, D = q.shape
     kvh = k.shape[1]
     group = H // kvh
+    out = torch.empty_like(q)
     b = meta.num_decodes
-    if meta.span_rows is not None:
-        # The kernel computes in fp32 and writes only its spans' rows; SDPA fills the rest.
-        qf = q.float().contiguous()
-        out = torch.empty_like(qf)
-        with torch.profiler.record_function("shoal::paged_attention"):
-            meta.kernel.paged_attention(qf, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows,
-                                        meta.span_lens, meta.span_ctx, meta.block_size, scale, out)
-        out = out.to(q.dtype)
-    else:
-        out = torch.empty_like(q)
-    if b and meta.span_rows is None:
+    if b:
         # Fold the query heads of a KV group into the query-length axis: one decode token
         # has no causal structure, so [B, KVH, G, D] against [B, KVH, L, D] is exact and
         # never materializes repeated keys.

@@ -115,9 +115,9 @@ class LLMEngine:
         self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype)
         kernel = None
         if config.attention == "native":
-            from shoal.nodes.worker.kernels import paged_attention
+            from shoal.nodes.worker.kernels import native_ops
 
-            kernel = paged_attention()
+            kernel = native_ops()
             if kernel is not None and not kernel.supports_head_dim(self.model_cfg.head_dim):
                 log.warning("[engine] head_dim %d has no native attention build; using gather + SDPA",
                             self.model_cfg.head_dim)

@@ -13,14 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.nodes.worker.kernels import paged_attention
+from shoal.nodes.worker.kernels import native_ops
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    ext = paged_attention()
+    ext = native_ops()
     assert ext is not None, "the native kernel did not build"
     return ext
 

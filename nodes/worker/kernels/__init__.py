@@ -1,8 +1,9 @@
-"""Native kernels, compiled on first use for this machine and cached by torch.
+"""Native CPU ops, compiled on first use for this machine and cached by torch.
 
 `paged_attention` reads keys and values straight through block tables, for decode
-tokens and for prefill chunks whose prefix is cached (the CPU counterpart of a GPU
-paged-attention kernel). It is built with ATen's vector types for the widest
+tokens and prefill chunks (the CPU counterpart of a GPU paged-attention kernel);
+`rms_norm`, `qkv_rope_cache` and `silu_mul` fuse the elementwise work of a decoder
+layer. The module is built with ATen's vector types for the widest
 instruction set this CPU has (AVX-512 or AVX2), each under its own build name, so a
 cache shared by machines of both kinds never hands one the other's binary. Building
 takes about a minute the first time on 2 cores; later processes load the cached build.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SRC = Path(__file__).with_name("paged_attention.cpp")
+_SOURCES = [str(Path(__file__).with_name(n)) for n in ("paged_attention.cpp", "fused_ops.cpp", "bindings.cpp")]
 _VERSION = 5  # bump when the source changes in a way torch's cache would not notice
 
 
@@ -32,9 +33,8 @@ def vector_isa(flags: set[str]) -> str:
 
 
 @functools.cache
-def paged_attention():
-    """The compiled extension module (`paged_attention`, `supports_head_dim`), or None
-    when it cannot be built here."""
+def native_ops():
+    """The compiled extension module, or None when it cannot be built here."""
     try:
         from torch.utils.cpp_extension import load
 
@@ -46,10 +46,10 @@ def paged_attention():
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
         elif isa == "AVX2":
             cflags += ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
-        ext = load(name=f"shoal_paged_attention_v{_VERSION}_{isa.lower()}", sources=[str(_SRC)],
+        ext = load(name=f"shoal_native_ops_v{_VERSION}_{isa.lower()}", sources=_SOURCES,
                    extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
-        log.info("[kernels] paged attention built for %s (%d floats per vector)", isa, ext.vector_width())
+        log.info("[kernels] native ops built for %s (%d floats per vector)", isa, ext.vector_width())
         return ext
     except Exception as e:  # a missing compiler or headers: the portable path still works
-        log.warning("[kernels] paged attention unavailable (%s); using gather + SDPA", e)
+        log.warning("[kernels] native ops unavailable (%s); using the torch reference path (gather + SDPA)", e)
         return None

@@ -399,9 +399,3 @@ void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
     TORCH_CHECK(false, "unsupported cache dtype");
   }
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "attention over a paged KV cache, for decode tokens and cached-prefix chunks");
-  m.def("supports_head_dim", &supports_head_dim, "whether this build computes a head dim");
-  m.def("vector_width", &vector_width, "floats per vector in this build");
-}

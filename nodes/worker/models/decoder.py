@@ -3,6 +3,12 @@
 A step's tokens from every sequence are concatenated into one `[T]` batch, so each
 projection is a single matrix multiply whatever mix of prefill and decode the step
 holds; only attention looks at sequence boundaries (through `AttentionMetadata`).
+
+Two forwards compute the same function. With the native ops built (`meta.kernel`), a
+layer is its matrix multiplies plus four native calls (RMSNorm with the residual add,
+qk-norm + RoPE + cache write, paged attention, SwiGLU's activation), and the residual
+stream is carried beside the hidden state as vLLM does. The reference forward is the
+torch formulation, op by op, that tests compare the native one with.
 """
 
 from __future__ import annotations
@@ -42,6 +48,20 @@ class Attention(nn.Module):
         o = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o(o.reshape(T, cfg.q_size))
 
+    def forward_native(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
+        cfg, ops = self.cfg, meta.kernel
+        qkv = self.qkv(x)
+        none = qkv.new_empty(0)
+        q = ops.qkv_rope_cache(qkv, self.q_norm.weight if cfg.qk_norm else none,
+                               self.k_norm.weight if cfg.qk_norm else none, rope.cos, rope.sin, positions,
+                               meta.slot_mapping, kv_cache[0], kv_cache[1], cfg.num_heads, cfg.num_kv_heads,
+                               cfg.rms_norm_eps)
+        out = torch.empty_like(q)
+        with torch.profiler.record_function("shoal::paged_attention"):
+            ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
+                                meta.span_ctx, meta.block_size, self.scale, out)
+        return self.o(out.view(x.shape[0], cfg.q_size).to(x.dtype))
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DecoderConfig):
@@ -54,6 +74,19 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, meta)
         return x + self.mlp(self.post_attn_norm(x))
+
+    def forward_native(self, x, residual, positions, rope, kv_cache, meta):
+        """x: the last sublayer's output (the embeddings for the first layer); residual:
+        the stream before it (empty for the first layer), updated in place."""
+        ops, eps = meta.kernel, self.input_norm.eps
+        if residual.numel() == 0:
+            residual = x
+            h = ops.rms_norm(x, residual.new_empty(0), self.input_norm.weight, eps)
+        else:
+            h = ops.rms_norm(x, residual, self.input_norm.weight, eps)
+        h = self.attn.forward_native(h, positions, rope, kv_cache, meta)
+        h = ops.rms_norm(h, residual, self.post_attn_norm.weight, eps)
+        return self.mlp.down(ops.silu_mul(self.mlp.gate_up(h))), residual
 
 
 class DecoderLM(nn.Module):
@@ -80,6 +113,12 @@ class DecoderLM(nn.Module):
         """Runs the step's tokens; returns fp32 logits for `logit_rows` only (the
         tokens that sample), since the vocabulary projection is costly."""
         x = self.embed(input_ids)
+        if meta.kernel is not None:
+            residual = x.new_empty(0)
+            for layer, cache in zip(self.layers, kv_caches):
+                x, residual = layer.forward_native(x, residual, positions, self.rope, cache, meta)
+            x = meta.kernel.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
+            return self.lm_head(x).float()
         cos, sin = self.rope.tables(positions, x.dtype)
         for layer, cache in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, cache, meta)

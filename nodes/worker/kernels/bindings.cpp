@@ -1,0 +1,24 @@
+// The Python module of Shoal's native CPU ops (built by kernels/__init__.py).
+#include <torch/extension.h>
+
+// paged_attention.cpp
+void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
+                     torch::Tensor rows, torch::Tensor lens, torch::Tensor ctx, int64_t block_size, double scale,
+                     torch::Tensor out);
+bool supports_head_dim(int64_t D);
+int64_t vector_width();
+// fused_ops.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Tensor k_norm, torch::Tensor cos,
+                             torch::Tensor sin, torch::Tensor positions, torch::Tensor slots, torch::Tensor k_cache,
+                             torch::Tensor v_cache, int64_t H, int64_t KVH, double eps);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &paged_attention, "attention over a paged KV cache, for decode rows and prefill chunks");
+  m.def("supports_head_dim", &supports_head_dim, "whether this build computes a head dim");
+  m.def("vector_width", &vector_width, "floats per vector in this build");
+  m.def("rms_norm", &rms_norm, "RMSNorm, optionally after adding the residual stream (updated in place)");
+  m.def("qkv_rope_cache", &qkv_rope_cache, "qk-norm and RoPE of a fused qkv projection; K and V into the cache");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+}

@@ -1,0 +1,95 @@
+"""The native fused ops against the torch formulation they replace (`models/layers.py`),
+on random rows: fp32 to float rounding, bf16 to one bf16 ulp (the two sum in different
+orders, so an fp32 value may fall on the other side of a bf16 rounding boundary)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shoal.nodes.worker.kernels import native_ops
+from shoal.nodes.worker.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+
+pytestmark = pytest.mark.timeout(600)
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ext = native_ops()
+    assert ext is not None, "the native ops did not build"
+    return ext
+
+
+def close(got, want, dtype):
+    """fp32: float rounding; bf16: at most one ulp of the value (2^-7 relative)."""
+    got, want = got.float(), want.float()
+    if dtype == torch.float32:
+        return torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    return bool(((got - want).abs() <= want.abs() * 2**-7 + 1e-6).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_with_and_without_residual(ops, dtype):
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(768, 1e-6).to(dtype)
+    norm.weight.data = (torch.rand(768, generator=g) + 0.5).to(dtype)
+    x = (torch.randn(37, 768, generator=g) * 3).to(dtype)
+    res = torch.randn(37, 768, generator=g).to(dtype)
+    with torch.inference_mode():
+        assert close(ops.rms_norm(x, x.new_empty(0), norm.weight, 1e-6), norm(x), dtype)
+        want_res = x + res
+        got = ops.rms_norm(x, res, norm.weight, 1e-6)
+        assert torch.equal(res, want_res), "the residual stream is not x + residual"
+        assert close(got, norm(want_res), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm):
+    g = torch.Generator().manual_seed(1)
+    T, H, KVH, D = 21, 6, 2, 64
+    rope = RotaryEmbedding(D, 4096, 1_000_000.0)
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g).to(dtype)
+    positions = torch.randint(0, 4096, (T,), generator=g)
+    slots = torch.randperm(100, generator=g)[:T]
+    k_cache = torch.zeros(100, KVH, D, dtype=dtype)
+    v_cache = torch.zeros(100, KVH, D, dtype=dtype)
+    qn, kn = RMSNorm(D, 1e-6).to(dtype), RMSNorm(D, 1e-6).to(dtype)
+    qn.weight.data = (torch.rand(D, generator=g) + 0.5).to(dtype)
+    kn.weight.data = (torch.rand(D, generator=g) + 0.5).to(dtype)
+    none = qkv.new_empty(0)
+    with torch.inference_mode():
+        q_got = ops.qkv_rope_cache(qkv, qn.weight if qk_norm else none, kn.weight if qk_norm else none, rope.cos,
+                                   rope.sin, positions, slots, k_cache, v_cache, H, KVH, 1e-6)
+        q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+        q, k, v = q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D)
+        if qk_norm:
+            q, k = qn(q), kn(k)
+        cos, sin = rope.tables(positions, dtype)
+        assert q_got.dtype == torch.float32
+        assert close(q_got, apply_rope(q, cos, sin), dtype)
+        assert close(k_cache[slots], apply_rope(k, cos, sin), dtype)
+        assert torch.equal(v_cache[slots], v)
+        untouched = torch.ones(100, dtype=torch.bool)
+        untouched[slots] = False
+        assert not k_cache[untouched].any() and not v_cache[untouched].any(), "wrote outside its slots"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(ops, dtype):
+    g = torch.Generator().manual_seed(2)
+    gate_up = (torch.randn(19, 2 * 2048, generator=g) * 4).to(dtype)
+    gate, up = gate_up.split(2048, dim=-1)
+    with torch.inference_mode():
+        assert close(ops.silu_mul(gate_up), F.silu(gate) * up, dtype)
+
+
+def test_bad_arguments_are_named(ops):
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="weight"):
+        ops.rms_norm(x, x.new_empty(0), torch.ones(7), 1e-6)
+    with pytest.raises(RuntimeError, match="slot outside the cache"):
+        ops.qkv_rope_cache(torch.randn(1, 4 * 8), x.new_empty(0), x.new_empty(0), torch.ones(16, 8), torch.ones(16, 8),
+                           torch.tensor([0]), torch.tensor([5]), torch.zeros(4, 1, 8), torch.zeros(4, 1, 8), 2, 1, 1e-6)
