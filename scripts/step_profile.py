@@ -11,6 +11,7 @@ CATEGORIES = [
     ("matmul", ("aten::addmm", "aten::mm", "aten::bmm", "mkldnn")),
     ("attention", ("shoal::paged_attention", "scaled_dot_product", "flash_attention", "aten::index_select",
                    "index_copy")),
+    ("norm+rope+activation", ("shoal::rms_norm", "shoal::qkv_rope_cache", "shoal::silu_mul")),
     ("sampling", ("aten::topk", "aten::argmax", "aten::sort", "aten::searchsorted")),
 ]
 

@@ -8,18 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.nodes.worker.kernels import native_ops
+from native_builds import builds, load
 from shoal.nodes.worker.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 
 pytestmark = pytest.mark.timeout(600)
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(scope="module")
-def ops():
-    ext = native_ops()
-    assert ext is not None, "the native ops did not build"
-    return ext
+@pytest.fixture(scope="module", params=builds())
+def ops(request):
+    return load(request.param)
 
 
 def close(got, want, dtype):

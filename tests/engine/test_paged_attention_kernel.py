@@ -13,16 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.nodes.worker.kernels import native_ops
+from native_builds import builds, load
 
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    ext = native_ops()
-    assert ext is not None, "the native kernel did not build"
-    return ext
+@pytest.fixture(scope="module", params=builds())
+def kernel(request):
+    return load(request.param)
 
 
 def reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, scale):

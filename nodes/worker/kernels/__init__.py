@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,24 @@ def vector_isa(flags: set[str]) -> str:
     return "DEFAULT"
 
 
+def default_isa() -> str:
+    """This CPU's widest build, or `SHOAL_VECTOR_ISA` (AVX512, AVX2 or DEFAULT) when set:
+    to measure or test a narrower build on a wider CPU."""
+    from shoal.nodes.worker.dtype_choice import cpu_flags
+
+    return os.environ.get("SHOAL_VECTOR_ISA") or vector_isa(cpu_flags())
+
+
 @functools.cache
-def native_ops():
-    """The compiled extension module, or None when it cannot be built here."""
+def native_ops(isa: str | None = None):
+    """The compiled extension module for `isa` (default: `default_isa()`), or None when
+    it cannot be built here."""
     try:
         from torch.utils.cpp_extension import load
 
-        from shoal.nodes.worker.dtype_choice import cpu_flags
-
-        isa = vector_isa(cpu_flags())
+        isa = isa or default_isa()
+        if isa not in ("AVX512", "AVX2", "DEFAULT"):
+            raise ValueError(f"unknown vector ISA {isa!r}; choose AVX512, AVX2 or DEFAULT")
         cflags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={isa}"]
         if isa == "AVX512":
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
