@@ -35,6 +35,8 @@ class CostModel:
     dtype: str = ""
     device: str = ""
     r2: dict = field(default_factory=dict)  # {"prefill": R², "decode": R², "mb": R²}
+    # Steps of many short prompts at growing token budgets: [[tokens, seconds], ...].
+    budget_probe: list = field(default_factory=list)
 
     def prefill_time(self, tokens: int) -> float:
         return self.alpha_p + self.beta_p * tokens
@@ -52,6 +54,17 @@ class CostModel:
 
     def beta_mb(self, r: float) -> float:
         return self.mb_a + self.mb_b * r + self.mb_c * r * r
+
+    def step_budget(self, share: float = 0.9) -> int | None:
+        """The largest probed step budget whose prefill throughput (tokens/s) is within
+        `share` of the best probed one; None without a probe. Up to there a bigger step
+        costs nothing per token and admits waiting prompts sooner (fuller decode batches);
+        past it, steps get slower per token (activations fall out of cache)."""
+        points = [(int(n), float(s)) for n, s in self.budget_probe if n > 0 and s > 0]
+        if not points:
+            return None
+        best = max(n / s for n, s in points)
+        return max(n for n, s in points if n / s >= share * best)
 
     def validate(self, model: str | None = None, dtype: str | None = None, device: str | None = None) -> None:
         for name in ("alpha_p", "beta_p", "alpha_d", "beta_d"):

@@ -21,3 +21,19 @@ def fit_polynomial(x, y, degree: int, weights=None) -> tuple[list[float], float]
     ss_tot = float(np.sum(w * (y - mean) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     return [float(c) for c in coef], r2
+
+
+def fit_line_nonnegative(x, y) -> tuple[list[float], float]:
+    """The least-squares line `a + b·x` with `a >= 0`, and its R². Where the free fit's
+    intercept is negative (a cost that grows faster than linearly, such as attention
+    over a longer prompt) the constrained optimum lies on a = 0: the line through the
+    origin."""
+    (a, b), r2 = fit_polynomial(x, y, 1)
+    if a >= 0:
+        return [a, b], r2
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    b = float(np.dot(x, y) / np.dot(x, x))
+    ss_res = float(np.sum((y - b * x) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return [0.0, b], (1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0)

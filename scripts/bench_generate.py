@@ -84,7 +84,9 @@ def run_shoal(args, work) -> dict:
     s = eng.stats
     result = {"wall": wall, "output_tokens": sum(len(o.token_ids) for o in outs), "steps": s.steps,
               "breakdown": {"plan": s.time_plan, "model": s.time_model, "sample": s.time_sample},
-              "preemptions": s.preemptions}
+              "preemptions": s.preemptions, "budget": eng.config.max_num_batched_tokens,
+              "budget_reason": eng.budget_reason, "policy_fallback": eng.policy_fallback,
+              "attention": "native" if eng.runner.kernel is not None else "sdpa", "packed_linears": eng.packed_linears}
     # A step's anatomy, profiled apart from the timed run: the same work again, with
     # the profiler on for steps in the prefill-and-decode middle of the job.
     from step_profile import profile_steps
@@ -154,7 +156,8 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=sys.executable,
                     help="the interpreter of a venv with vLLM's CPU build (it needs its own torch build)")
     ap.add_argument("--sequences", type=int, default=128)
-    ap.add_argument("--budget", type=int, default=512, help="Shoal's max tokens per step")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="Shoal's max tokens per step (default: the engine's own, from its device calibration)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"], help="Shoal's step planner")
     ap.add_argument("--peers", default="transformers,vllm")
@@ -186,7 +189,7 @@ def main() -> None:
     print(f"CPU: {cpu_summary()}")
     print(f"W1: {args.sequences} sequences, {work.prompt_tokens} prompt + {work.output_tokens} output tokens, "
           f"{args.dtype}, {args.threads} threads; model {params / 1e6:.0f}M parameters; Shoal policy {args.policy}, "
-          f"budget {args.budget} tokens/step")
+          f"budget {args.budget or 'auto'} tokens/step")
     print(f"matmul ceiling ({args.dtype}, 1024x768x4096, measured now): {ceiling:.0f} GFLOP/s ("
           + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()) + ")")
     has_vllm = "vllm" in args.peers and vllm_installed(args.vllm_python)
@@ -196,8 +199,8 @@ def main() -> None:
     results = {}
     for name in systems:
         cmd = [args.vllm_python if name == "vllm" else sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
-               "--sequences", str(args.sequences), "--budget", str(args.budget), "--threads", str(args.threads),
-               "--policy", args.policy]
+               "--sequences", str(args.sequences), "--threads", str(args.threads), "--policy", args.policy]
+        cmd += ["--budget", str(args.budget)] if args.budget else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
@@ -215,6 +218,9 @@ def main() -> None:
             other = r["wall"] - sum(b.values())
             print(f"{'':>12}  steps {r['steps']}; plan {b['plan']:.1f} s, model {b['model']:.1f} s, "
                   f"sample {b['sample']:.1f} s, other {other:.1f} s; preemptions {r['preemptions']}")
+            print(f"{'':>12}  budget {r['budget']} tokens/step ({r['budget_reason']}); attention {r['attention']}; "
+                  f"{r['packed_linears']} packed linears"
+                  + (f"; policy fell back to MB: {r['policy_fallback']}" if r["policy_fallback"] else ""))
             from step_profile import format_breakdown
 
             print(f"{'':>12}  step anatomy: {format_breakdown(r['step_profile'])}")

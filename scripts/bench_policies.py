@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=8)
     ap.add_argument("--per-phase", type=int, default=64)
     ap.add_argument("--policy", default="mb,eb,ebplus")
-    ap.add_argument("--budget", type=int, default=512)
+    ap.add_argument("--budget", type=int, default=None, help="default: from the device calibration")
     ap.add_argument("--json")
     args = ap.parse_args()
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine

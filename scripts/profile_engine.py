@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=128)
     ap.add_argument("--warm", type=int, default=20, help="steps before profiling")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--budget", type=int, default=512)
+    ap.add_argument("--budget", type=int, default=None, help="default: from the device calibration")
     ap.add_argument("--policy", default="mb")
     args = ap.parse_args()
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine

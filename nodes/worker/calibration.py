@@ -3,7 +3,8 @@
 Times pure prefill steps over a grid of lengths and pure decode steps over a grid of
 batch sizes on the loaded engine, fits α_p, β_p, α_d, β_d by least squares, and fits
 β_MB(r) = a + b·r + c·r² to the cost per token of short MB runs at several decode
-shares r. The result is cached per (model fingerprint, dtype, device) as JSON; a cache
+shares r. A last probe times steps filled with many short prompts at growing token
+budgets, from which the engine picks its default step budget (`CostModel.step_budget`). The result is cached per (model fingerprint, dtype, device) as JSON; a cache
 for another model, or a fit that fails validation, is refused with the reason.
 """
 
@@ -22,12 +23,12 @@ import torch
 from shoal.env import state_dir
 from shoal.sampling import SamplingParams
 from shoal.scheduler.cost_model import CalibrationError, CostModel
-from shoal.scheduler.least_squares import fit_polynomial
+from shoal.scheduler.least_squares import fit_line_nonnegative, fit_polynomial
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: the native engine (fused ops, paged prefill) and the budget probe
 
 
 def device_name() -> str:
@@ -100,8 +101,10 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
     # Keep every probe inside what this engine can hold.
     limit = min(engine.max_total_tokens, engine.model_cfg.max_position_embeddings) - 2
     prefill_lengths = [L for L in prefill_lengths if L <= limit] or [max(2, limit // 4), max(3, limit // 2)]
+    # The batch's contexts must fit the whole KV cache together (not one sequence's limit).
+    capacity = engine.blocks.num_blocks * engine.config.block_size
     decode_batches = [k for k in decode_batches if k <= engine.config.max_num_seqs
-                      and k * (decode_context + repeats + 8) <= engine.max_total_tokens] or [1, 2]
+                      and k * (decode_context + repeats + 2 * engine.config.block_size) <= capacity] or [1, 2]
     decode_context = min(decode_context, limit // 2)
     saved = engine.planner
     max_len = max(prefill_lengths)
@@ -119,7 +122,7 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
                 samples += _timed_steps(engine, 1)
             xs.append(L)
             ys.append(statistics.median(samples[1:]))  # the first run warms caches
-        (ap, bp), r2p = fit_polynomial(xs, ys, 1)
+        (ap, bp), r2p = fit_line_nonnegative(xs, ys)
         say(f"prefill: α_p {ap * 1e3:.2f} ms, β_p {bp * 1e6:.1f} µs/token, R² {r2p:.3f}")
 
         xs, ys = [], []
@@ -152,10 +155,40 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
             ys.append((time.perf_counter() - t) / (n * total))
         (a, b, c), r2m = fit_polynomial(xs, ys, 2)
         say(f"MB: β_MB(r) = {a * 1e6:.1f} + {b * 1e6:.1f}·r + {c * 1e6:.1f}·r² µs/token, R² {r2m:.3f}")
+        probe = probe_budgets(engine, r, repeats)
+        say("budget probe: " + ", ".join(f"{n} tokens {n / t:.0f} tok/s" for n, t in probe))
     finally:
         for sid in list(engine.seqs):
             engine.abort(sid)
         engine.planner = saved
         engine.reset_stats()
     return CostModel(ap, bp, ad, bd, a, b, c, model=engine.fingerprint, dtype=engine.config.dtype,
-                     device=device_name(), r2={"prefill": r2p, "decode": r2d, "mb": r2m})
+                     device=device_name(), r2={"prefill": r2p, "decode": r2d, "mb": r2m}, budget_probe=probe)
+
+
+PROBE_BUDGETS = (128, 256, 512, 1024, 2048, 4096)
+PROBE_PROMPT = 128  # tokens per prompt: a step's throughput, not one long prompt's attention
+
+
+def probe_budgets(engine, r: random.Random, repeats: int) -> list[list[float]]:
+    """[[tokens, seconds]] of single steps that prefill budget / 128 prompts of 128
+    tokens, for each budget the KV cache and the sequence limit allow."""
+    capacity = engine.blocks.num_blocks * engine.config.block_size
+    points = []
+    for budget in PROBE_BUDGETS:
+        n = budget // PROBE_PROMPT
+        if budget > capacity // 2 or n > engine.config.max_num_seqs:
+            break
+        engine.planner = MixedBatchPlanner(PlannerConfig(block_size=engine.config.block_size,
+                                                         max_num_batched_tokens=budget, max_num_seqs=n,
+                                                         num_blocks=engine.blocks.num_blocks))
+        samples = []
+        for i in range(repeats + 1):
+            for j in range(n):
+                engine.add_request(("cal-b", budget, i, j), prompt_token_ids=_prompt(r, engine, PROBE_PROMPT),
+                                   params=SamplingParams(max_tokens=1, ignore_eos=True))
+            samples += _timed_steps(engine, 1)
+            while engine.has_unfinished():
+                engine.step()
+        points.append([budget, statistics.median(samples[1:])])
+    return points

@@ -39,7 +39,10 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
     kv_cache_bytes: int = 2 << 30
-    max_num_batched_tokens: int = 512
+    # Tokens per step. None: the device calibration's budget (the smallest at which a
+    # prefill step reaches 90% of its best throughput; `CostModel.step_budget`), or
+    # DEFAULT_BUDGET where there is no calibration. `budget_reason` says which.
+    max_num_batched_tokens: int | None = None
     max_num_seqs: int = 256
     chunked_prefill: bool = True
     prefix_caching: bool = True
@@ -84,6 +87,9 @@ class EngineStats:
     time_sample: float = 0.0
 
 
+DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration says
+
+
 class LLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig(), planner=None, cost_model=None):
         if config.num_threads:
@@ -96,6 +102,10 @@ class LLMEngine:
         if config.dtype == "auto":
             log.info("[dtype] %s: %s", self.dtype_choice.name, self.dtype_choice.reason)
         config = replace(config, dtype=self.dtype_choice.name)  # calibration and stats name what runs
+        auto_budget = config.max_num_batched_tokens is None
+        if auto_budget:  # until a calibration says otherwise (it runs with this one)
+            config = replace(config, max_num_batched_tokens=DEFAULT_BUDGET)
+        self.budget_reason = "no device calibration: the default" if auto_budget else "set by the user"
         self.config = config
         self.model, self.fingerprint = load_decoder(model_dir, config.dtype)
         self.packed_linears = 0
@@ -147,6 +157,35 @@ class LLMEngine:
             from shoal.nodes.worker.policy import build_planner
 
             self.planner = build_planner(self, config.policy, cost_model)
+        if auto_budget and planner is None:
+            self._budget_from_calibration(cost_model)
+        log.info("[engine] step budget %d tokens (%s)", self.config.max_num_batched_tokens, self.budget_reason)
+
+    def _budget_from_calibration(self, cost_model) -> None:
+        """Takes the step budget from the calibration the policy loaded (or, under MB, a
+        cached one: MB never measures at start) and rebuilds the planner with it."""
+        from dataclasses import replace
+
+        cm = cost_model or self.cost_model
+        if cm is None:
+            from shoal.nodes.worker import calibration
+            from shoal.scheduler.cost_model import CalibrationError
+
+            try:
+                cm = calibration.load_cached(self)
+            except CalibrationError:
+                cm = None
+        budget = cm.step_budget() if cm is not None else None
+        if not budget:
+            return
+        self.config = replace(self.config, max_num_batched_tokens=budget)
+        self.budget_reason = "from the device calibration: 90% of the best prefill throughput probed"
+        if self.config.policy == "mb" or self.cost_model is None:
+            self.planner = MixedBatchPlanner(self.planner_config())
+        else:
+            from shoal.nodes.worker.policy import build_planner
+
+            self.planner = build_planner(self, self.config.policy, self.cost_model)
 
     @property
     def max_total_tokens(self) -> int:
@@ -174,6 +213,7 @@ class LLMEngine:
                 "offloaded_bytes": self.offloaded_bytes,
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,
                 "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason,
+                "budget": self.config.max_num_batched_tokens, "budget_reason": self.budget_reason,
                 "attention": "native" if self.runner.kernel is not None else "sdpa",
                 "packed_linears": self.packed_linears}
 

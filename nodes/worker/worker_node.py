@@ -620,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="compute dtype; auto: the checkpoint's where this device computes it natively, else float32")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
-    ap.add_argument("--budget", type=int, default=512, help="max tokens per engine step")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="max tokens per engine step (default: from the device calibration, else 512)")
     ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations and "
                     "embedding jobs' SuperBatches with it")
     ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
