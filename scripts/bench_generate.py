@@ -1,5 +1,6 @@
-"""W1 (../shared/BENCHMARKS.md): Shoal's engine against transformers static batching
-(and vLLM's CPU build where it is installed), on the same inputs in the same run.
+"""W1: Shoal's engine, in-process and through a local cluster, against vLLM's CPU build
+(where it is installed) and transformers static batching, on the same inputs in the
+same run.
 
 Each system runs in its own fresh process so that peak RSS is its own. Prints one
 summary line per figure and the ratios; `--json PATH` writes them too.
@@ -99,6 +100,29 @@ def run_shoal(args, work) -> dict:
     return result
 
 
+def run_shoal_cluster(args, work) -> dict:
+    """The same work as a job through a local cluster (etcd, router, scheduler, storage
+    and one worker, all on this machine's cores): wall time from submit to the last
+    result. The worker calibrates (or loads its calibration) before the clock starts."""
+    import shoal
+    from workloads import job_items
+
+    worker_args = ["--budget", str(args.budget)] if args.budget else []
+    with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy, worker_threads=args.threads,
+                            worker_args=worker_args) as cluster:
+        client = shoal.Client(cluster.router)
+        t = time.perf_counter()
+        results = client.submit(job_items(work), params={"ignore_eos": True}).wait()
+        wall = time.perf_counter() - t
+        client.close()
+    failed = [r for r in results if r.get("error")]
+    if failed:
+        raise RuntimeError(f"{len(failed)} items failed, e.g. {failed[0]}")
+    # The nodes have exited: the largest child's peak is the worker's.
+    return {"wall": wall, "output_tokens": sum(len(r["token_ids"]) for r in results),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
 def run_transformers(args, work) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -132,13 +156,13 @@ def run_vllm(args, work) -> dict:
     return {"wall": time.perf_counter() - t, "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
 
 
-RUNNERS = {"shoal": run_shoal, "transformers": run_transformers, "vllm": run_vllm}
+RUNNERS = {"shoal": run_shoal, "shoal-cluster": run_shoal_cluster, "transformers": run_transformers, "vllm": run_vllm}
 
 
 def child(args) -> None:
     work = w1(sequences=args.sequences)
     res = RUNNERS[args.child](args, work)
-    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    res.setdefault("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print("RESULT " + json.dumps(res))
 
 
@@ -160,7 +184,8 @@ def main() -> None:
                     help="Shoal's max tokens per step (default: the engine's own, from its device calibration)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"], help="Shoal's step planner")
-    ap.add_argument("--peers", default="transformers,vllm")
+    ap.add_argument("--peers", default="shoal-cluster,transformers,vllm",
+                    help="systems to run beside Shoal in-process (shoal-cluster: the same job through a local cluster)")
     ap.add_argument("--json")
     ap.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -224,9 +249,13 @@ def main() -> None:
             from step_profile import format_breakdown
 
             print(f"{'':>12}  step anatomy: {format_breakdown(r['step_profile'])}")
-    for peer in results:
-        if peer != "shoal" and "shoal" in results:
-            print(f"ratio shoal/{peer}: {results['shoal']['total_tok_s'] / results[peer]['total_tok_s']:.2f}x total tok/s")
+    for ours in ("shoal", "shoal-cluster"):
+        for peer in ("vllm", "transformers"):
+            if ours in results and peer in results:
+                print(f"ratio {ours}/{peer}: {results[ours]['total_tok_s'] / results[peer]['total_tok_s']:.2f}x total tok/s")
+    if "shoal" in results and "shoal-cluster" in results:
+        extra = results["shoal-cluster"]["wall"] / results["shoal"]["wall"] - 1
+        print(f"local cluster vs in-process: {100 * extra:+.1f}% wall time (both cold, one run each)")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_summary(), "ceiling_gflops": rates, "results": results}, indent=2))
 

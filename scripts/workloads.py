@@ -35,7 +35,7 @@ def bench_arguments(doc: str, sequences: int = 16, rounds: int = 2):
 
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".bench/model-small")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", help="auto: what the worker picks on this CPU")
     ap.add_argument("--sequences", type=int, default=sequences)
     ap.add_argument("--rounds", type=int, default=rounds)
     return ap

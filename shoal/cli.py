@@ -167,7 +167,7 @@ def cmd_nodes(args) -> int:
                      f" suspended on other ops {q.get('waiting_on_ops', 0)}, moving {q.get('moving', 0)},"
                      f" offloaded {q.get('offloaded', 0)}) kv {e['kv_blocks_used']}/{e['kv_blocks_total']}"
                      f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')},"
-                     f" dtype {e.get('dtype')}"
+                     f" dtype {e.get('dtype')}, budget {e.get('budget')} tokens/step"
                      + (" DRAINING" if st.get("draining") else ""))
         if "jobs" in st:
             extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"

@@ -28,6 +28,7 @@ from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
 from shoal.nodes.worker.program_runner import ProgramRunner, error_record
+from shoal.nodes.worker.compute_thread import ComputeThread
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
 
@@ -43,7 +44,9 @@ class WorkerNode(Node):
     def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
                  checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, encoder=None,
                  encoder_cost: dict | None = None, retrieve_timeout: float = 30.0, retrieve_window_s: float = 0.002,
-                 **kw):
+                 compute: ComputeThread | None = None, **kw):
+        """`compute`: the thread that loaded `engine` and `encoder`, to run the step loop
+        on (`compute_thread.py`); a new one when they were loaded elsewhere."""
         self.engine = engine
         self.storage = storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
@@ -111,12 +114,18 @@ class WorkerNode(Node):
                                    lambda job_id: self.jobs.get(job_id, {}))
         if self.registration is not None:
             self.registration.on_rejoin = self._let_go
-        self._compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+        self.compute = compute or ComputeThread()
         self._writer = threading.Thread(target=self._write_loop, name="result-writer", daemon=True)
         self._watchdog = threading.Thread(target=self._watch_progress, name="watchdog", daemon=True)
-        self._compute.start()
+        self.compute.submit(self._compute_loop).add_done_callback(self._compute_ended)
         self._writer.start()
         self._watchdog.start()
+
+    def _compute_ended(self, future) -> None:
+        """The step loop only ends by an error: say which (the watchdog then revokes the
+        lease if work is held, so the scheduler moves it elsewhere)."""
+        if future.exception() is not None:
+            log.error("[compute] the step loop died", exc_info=future.exception())
 
     def handler_table(self) -> dict:
         return {"AssignSequences": self.on_assign, "AssignSuperBatches": self.on_assign_superbatches,
@@ -612,6 +621,37 @@ class WorkerNode(Node):
         return sum(len(item[4]) for item in list(self.inbox.queue) if item[0] == "assign") + len(self.runner)
 
 
+def load_decoder(args):
+    """The engine of `--model` (calibrated when its policy needs it), or a stand-in
+    for an encoder-only worker."""
+    if args.model:
+        from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+
+        return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
+                                                  max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
+    from shoal.nodes.worker.no_decoder import NoDecoder
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return NoDecoder()
+
+
+def load_encoder(args):
+    """The encoder of `--encoder` and its calibrated cost."""
+    import torch
+
+    from shoal.nodes.worker.dtype_choice import choose_dtype
+    from shoal.nodes.worker.encoder_calibration import load_or_calibrate
+    from shoal.nodes.worker.models.encoder import Encoder
+
+    choice = choose_dtype(args.encoder_dtype, args.encoder)
+    logging.getLogger(__name__).info("[dtype] encoder %s: %s", choice.name, choice.reason)
+    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name))
+    return encoder, load_or_calibrate(encoder)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("worker")
     ap.add_argument("--model", help="a decoder model folder (a worker hosts a decoder, an encoder, or both)")
@@ -650,35 +690,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --model (a decoder), --encoder, or both")
     node_id = args.node_id or f"worker-{os.getpid()}"
     start_logging("worker", node_id)
-    if args.model:
-        from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-
-        engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
-                                                    max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
-    else:
-        from shoal.nodes.worker.no_decoder import NoDecoder
-
-        engine = NoDecoder()
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
-    encoder = encoder_cost = None
-    if args.encoder:
-        import torch
-
-        from shoal.nodes.worker.models.encoder import Encoder
-
-        from shoal.nodes.worker.encoder_calibration import load_or_calibrate
-
-        from shoal.nodes.worker.dtype_choice import choose_dtype
-
-        choice = choose_dtype(args.encoder_dtype, args.encoder)
-        logging.getLogger(__name__).info("[dtype] encoder %s: %s", choice.name, choice.reason)
-        encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name))
-        encoder_cost = load_or_calibrate(encoder)
+    compute = ComputeThread()  # every model is loaded, calibrated and run on it
+    engine = compute.call(load_decoder, args)
+    encoder, encoder_cost = compute.call(load_encoder, args) if args.encoder else (None, None)
     node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, encoder=encoder,
-                      encoder_cost=encoder_cost, retrieve_timeout=args.retrieve_timeout,
+                      encoder_cost=encoder_cost, retrieve_timeout=args.retrieve_timeout, compute=compute,
                       retrieve_window_s=args.retrieve_window_ms / 1000,
                       checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
                       bind=args.bind, etcd=args.etcd,
