@@ -45,9 +45,10 @@ def test_rms_norm_with_and_without_residual(ops, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm", [True, False])
-def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm):
+@pytest.mark.parametrize("D", [64, 24])  # 24: half a head is no whole number of vectors
+def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm, D):
     g = torch.Generator().manual_seed(1)
-    T, H, KVH, D = 21, 6, 2, 64
+    T, H, KVH = 21, 6, 2
     rope = RotaryEmbedding(D, 4096, 1_000_000.0)
     qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g).to(dtype)
     positions = torch.randint(0, 4096, (T,), generator=g)

@@ -14,14 +14,24 @@ says so.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SOURCES = [str(Path(__file__).with_name(n)) for n in ("paged_attention.cpp", "fused_ops.cpp", "bindings.cpp")]
-_VERSION = 5  # bump when the source changes in a way torch's cache would not notice
+_HERE = Path(__file__).parent
+_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "fused_ops.cpp", "bindings.cpp")]
+
+
+def _source_digest() -> str:
+    """Names the build after its sources and header: torch's cache keys a build by its
+    name and hashes only the .cpp files, so an edited header would keep a stale build."""
+    h = hashlib.blake2b(digest_size=6)
+    for path in sorted(_HERE.glob("*.cpp")) + sorted(_HERE.glob("*.h")):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()
 
 
 def vector_isa(flags: set[str]) -> str:
@@ -56,7 +66,7 @@ def native_ops(isa: str | None = None):
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
         elif isa == "AVX2":
             cflags += ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
-        ext = load(name=f"shoal_native_ops_v{_VERSION}_{isa.lower()}", sources=_SOURCES,
+        ext = load(name=f"shoal_native_ops_{_source_digest()}_{isa.lower()}", sources=_SOURCES,
                    extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
         log.info("[kernels] native ops built for %s (%d floats per vector)", isa, ext.vector_width())
         return ext

@@ -13,46 +13,69 @@
 #include <cstring>
 #include <vector>
 
+#include "vec_io.h"
+
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t VS = Vec::size();
-
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
-// Round to nearest even, branch-free so that loops over it vectorize (inputs are finite).
-template <typename T> inline T from_float(float x);
-template <> inline float from_float<float>(float x) { return x; }
-template <> inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return c10::BFloat16(static_cast<uint16_t>(u >> 16), c10::BFloat16::from_bits());
-}
-// The value `x` has once torch stores it in T.
-template <typename T> inline float rnd(float x) { return to_float(from_float<T>(x)); }
-
-inline float sum_squares(const float* h, int64_t n) {
-  Vec acc(0.f);
-  int64_t i = 0;
-  for (; i + VS <= n; i += VS) {
-    const Vec v = Vec::loadu(h + i);
-    acc = at::vec::fmadd(v, v, acc);
-  }
-  float buf[VS];
-  acc.store(buf);
-  float s = 0.f;
-  for (int64_t j = 0; j < VS; ++j) s += buf[j];
-  for (; i < n; ++i) s += h[i] * h[i];
-  return s;
-}
+using shoal::Vec;
+using shoal::VS;
+using shoal::load_vec;
+using shoal::store_vec;
+using shoal::rnd_vec;
+using shoal::to_float;
+using shoal::from_float;
+using shoal::rnd;
 
 // out = w * rnd(h / rms(h)), as Hugging Face's RMSNorm: normalize in fp32, cast, scale.
 template <typename T>
-inline void norm_row(const float* h, const T* w, T* out, int64_t n, float eps) {
-  const float inv = 1.f / std::sqrt(sum_squares(h, n) / n + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = from_float<T>(to_float(w[i]) * rnd<T>(h[i] * inv));
+inline void norm_row(const float* h, float sum_sq, const T* w, T* out, int64_t n, float eps) {
+  const float inv = 1.f / std::sqrt(sum_sq / n + eps);
+  const Vec vinv(inv);
+  int64_t i = 0;
+  for (; i + VS <= n; i += VS)
+    store_vec(out + i, rnd_vec<T>(load_vec(w + i) * rnd_vec<T>(Vec::loadu(h + i) * vinv)));
+  for (; i < n; ++i) out[i] = from_float<T>(to_float(w[i]) * rnd<T>(h[i] * inv));
+}
+
+inline float hsum(const Vec& v) {
+  float buf[VS];
+  v.store(buf);
+  float s = 0.f;
+  for (int j = 0; j < VS; ++j) s += buf[j];
+  return s;
+}
+
+// h = the row as fp32 (after the residual add, when there is one); returns sum(h²).
+template <typename T>
+inline float load_row(const T* x, T* residual, float* h, int64_t n) {
+  Vec acc(0.f);
+  float tail = 0.f;
+  int64_t i = 0;
+  if (residual) {  // the residual stream becomes x + residual, rounded as torch's add
+    for (; i + VS <= n; i += VS) {
+      const Vec s = rnd_vec<T>(load_vec(x + i) + load_vec(residual + i));
+      store_vec(residual + i, s);
+      s.store(h + i);
+      acc = at::vec::fmadd(s, s, acc);
+    }
+    for (; i < n; ++i) {
+      const T s = from_float<T>(to_float(x[i]) + to_float(residual[i]));
+      residual[i] = s;
+      h[i] = to_float(s);
+      tail += h[i] * h[i];
+    }
+  } else {
+    for (; i + VS <= n; i += VS) {
+      const Vec v = load_vec(x + i);
+      v.store(h + i);
+      acc = at::vec::fmadd(v, v, acc);
+    }
+    for (; i < n; ++i) {
+      h[i] = to_float(x[i]);
+      tail += h[i] * h[i];
+    }
+  }
+  return hsum(acc) + tail;
 }
 
 template <typename T>
@@ -60,38 +83,37 @@ void rms_norm_impl(const T* x, T* residual, const T* w, T* out, int64_t rows, in
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> h(n);
     for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * n;
-      if (residual) {  // the residual stream becomes x + residual, rounded as torch's add
-        T* rr = residual + r * n;
-        for (int64_t i = 0; i < n; ++i) {
-          const T s = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
-          rr[i] = s;
-          h[i] = to_float(s);
-        }
-      } else {
-        for (int64_t i = 0; i < n; ++i) h[i] = to_float(xr[i]);
-      }
-      norm_row(h.data(), w, out + r * n, n, eps);
+      const float ss = load_row(x + r * n, residual ? residual + r * n : nullptr, h.data(), n);
+      norm_row(h.data(), ss, w, out + r * n, n, eps);
     }
   });
 }
 
 // One head of one token: optional RMSNorm over the head, then rotate-half RoPE:
-// rnd(rnd(x * cos) + rnd(rotate_half(x) * sin)), with cos and sin rounded to T first.
+// rnd(rnd(x * cos) + rnd(rotate_half(x) * sin)); cos and sin come rounded to T.
 template <typename T>
 inline void norm_rope_head(const T* src, const T* norm_w, const float* cos, const float* sin, int64_t D, float eps,
                            float* x, T* normed, float* dst) {
   if (norm_w) {
-    for (int64_t d = 0; d < D; ++d) x[d] = to_float(src[d]);
-    norm_row(x, norm_w, normed, D, eps);
-    for (int64_t d = 0; d < D; ++d) x[d] = to_float(normed[d]);
+    const float ss = load_row<T>(src, nullptr, x, D);
+    norm_row(x, ss, norm_w, normed, D, eps);
+    load_row<T>(normed, nullptr, x, D);
   } else {
-    for (int64_t d = 0; d < D; ++d) x[d] = to_float(src[d]);
+    load_row<T>(src, nullptr, x, D);
   }
   const int64_t half = D / 2;
+  if (half % VS == 0) {
+    for (int64_t d = 0; d < half; d += VS) {
+      const Vec lo = Vec::loadu(x + d), hi = Vec::loadu(x + half + d);
+      store_vec(dst + d, rnd_vec<T>(rnd_vec<T>(lo * Vec::loadu(cos + d)) + rnd_vec<T>(hi.neg() * Vec::loadu(sin + d))));
+      store_vec(dst + half + d, rnd_vec<T>(rnd_vec<T>(hi * Vec::loadu(cos + half + d)) +
+                                           rnd_vec<T>(lo * Vec::loadu(sin + half + d))));
+    }
+    return;
+  }
   for (int64_t d = 0; d < D; ++d) {
     const float rot = d < half ? -x[d + half] : x[d - half];
-    dst[d] = rnd<T>(rnd<T>(x[d] * rnd<T>(cos[d])) + rnd<T>(rot * rnd<T>(sin[d])));
+    dst[d] = rnd<T>(rnd<T>(x[d] * cos[d]) + rnd<T>(rot * sin[d]));
   }
 }
 
@@ -101,18 +123,21 @@ void qkv_rope_impl(const T* qkv, const T* q_norm, const T* k_norm, const float* 
                    int64_t rows, int64_t H, int64_t KVH, int64_t D, float eps) {
   const int64_t width = (H + 2 * KVH) * D;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(D), k(D);
+    std::vector<float> x(D), k(D), c(D), s(D);
     std::vector<T> normed(D);
     for (int64_t r = begin; r < end; ++r) {
       const T* row = qkv + r * width;
-      const float* c = cos + positions[r] * D;
-      const float* s = sin + positions[r] * D;
+      for (int64_t d = 0; d < D; ++d) {  // the step's tables, cast to T as torch casts them
+        c[d] = rnd<T>(cos[positions[r] * D + d]);
+        s[d] = rnd<T>(sin[positions[r] * D + d]);
+      }
       for (int64_t h = 0; h < H; ++h)
-        norm_rope_head(row + h * D, q_norm, c, s, D, eps, x.data(), normed.data(), q_out + (r * H + h) * D);
+        norm_rope_head(row + h * D, q_norm, c.data(), s.data(), D, eps, x.data(), normed.data(),
+                       q_out + (r * H + h) * D);
       T* kd = k_cache + slots[r] * KVH * D;
       T* vd = v_cache + slots[r] * KVH * D;
       for (int64_t h = 0; h < KVH; ++h) {
-        norm_rope_head(row + (H + h) * D, k_norm, c, s, D, eps, x.data(), normed.data(), k.data());
+        norm_rope_head(row + (H + h) * D, k_norm, c.data(), s.data(), D, eps, x.data(), normed.data(), k.data());
         for (int64_t d = 0; d < D; ++d) kd[h * D + d] = from_float<T>(k[d]);  // exact: k is T-valued
       }
       std::memcpy(vd, row + (H + KVH) * D, KVH * D * sizeof(T));
@@ -125,19 +150,20 @@ void qkv_rope_impl(const T* qkv, const T* q_norm, const T* k_norm, const float* 
 template <typename T>
 void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t I) {
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> g(I);
     for (int64_t r = begin; r < end; ++r) {
       const T* gr = gate_up + r * 2 * I;
       const T* ur = gr + I;
-      for (int64_t i = 0; i < I; ++i) g[i] = to_float(gr[i]);
+      T* o = out + r * I;
       int64_t i = 0;
       for (; i + VS <= I; i += VS) {
-        const Vec v = Vec::loadu(g.data() + i);
-        (v / (Vec(1.f) + v.neg().exp())).store(g.data() + i);
+        const Vec g = load_vec(gr + i);
+        const Vec act = rnd_vec<T>(g / (Vec(1.f) + g.neg().exp()));
+        store_vec(o + i, rnd_vec<T>(act * load_vec(ur + i)));
       }
-      for (; i < I; ++i) g[i] = g[i] / (1.f + std::exp(-g[i]));
-      T* o = out + r * I;
-      for (int64_t j = 0; j < I; ++j) o[j] = from_float<T>(rnd<T>(g[j]) * to_float(ur[j]));
+      for (; i < I; ++i) {
+        const float g = to_float(gr[i]);
+        o[i] = from_float<T>(rnd<T>(g / (1.f + std::exp(-g))) * to_float(ur[i]));
+      }
     }
   });
 }

@@ -23,23 +23,11 @@
 #include <atomic>
 #include <memory>
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int VS = Vec::size();
+#include "vec_io.h"
 
-static inline Vec load_vec(const float* p) { return Vec::loadu(p); }
-static inline Vec load_vec(const c10::BFloat16* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return Vec(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
-#else
-  float buf[VS];
-  for (int i = 0; i < VS; ++i) buf[i] = static_cast<float>(p[i]);
-  return Vec::loadu(buf);
-#endif
-}
+using shoal::Vec;
+using shoal::VS;
+using shoal::load_vec;
 
 static inline float hsum(const Vec& v) {
 #if defined(CPU_CAPABILITY_AVX512)

@@ -1,0 +1,89 @@
+// Vector loads and stores of fp32 or bf16 rows as fp32 vectors (ATen's Vectorized<float>,
+// built for the CPU capability kernels/__init__.py chose). A bf16 load widens in
+// registers; a bf16 store rounds to nearest even, as torch's conversion does (inputs are
+// finite). Shared by the attention kernel and the fused ops.
+#pragma once
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <cstring>
+
+namespace shoal {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int VS = Vec::size();
+
+inline Vec load_vec(const float* p) { return Vec::loadu(p); }
+inline Vec load_vec(const c10::BFloat16* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return Vec(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
+#else
+  float buf[VS];
+  for (int i = 0; i < VS; ++i) buf[i] = static_cast<float>(p[i]);
+  return Vec::loadu(buf);
+#endif
+}
+
+// The bf16 bits of each lane, rounded to nearest even, in the low half of 32-bit lanes.
+#if defined(CPU_CAPABILITY_AVX512)
+inline __m512i bf16_bits(const Vec& v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+inline __m256i bf16_bits(const Vec& v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+}
+#endif
+
+inline void store_vec(float* p, const Vec& v) { v.store(p); }
+inline void store_vec(c10::BFloat16* p, const Vec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(bf16_bits(v)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i b = bf16_bits(v);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+#else
+  float buf[VS];
+  v.store(buf);
+  for (int i = 0; i < VS; ++i) p[i] = c10::BFloat16(buf[i]);
+#endif
+}
+
+// The value each lane has once torch stores it in T.
+template <typename T> inline Vec rnd_vec(const Vec& v);
+template <> inline Vec rnd_vec<float>(const Vec& v) { return v; }
+template <> inline Vec rnd_vec<c10::BFloat16>(const Vec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return Vec(_mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return Vec(_mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v), 16)));
+#else
+  float buf[VS];
+  v.store(buf);
+  for (int i = 0; i < VS; ++i) buf[i] = static_cast<float>(c10::BFloat16(buf[i]));
+  return Vec::loadu(buf);
+#endif
+}
+
+// Scalar forms, for the tails of rows that are not a whole number of vectors.
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+template <typename T> inline T from_float(float x);
+template <> inline float from_float<float>(float x) { return x; }
+template <> inline c10::BFloat16 from_float<c10::BFloat16>(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return c10::BFloat16(static_cast<uint16_t>(u >> 16), c10::BFloat16::from_bits());
+}
+template <typename T> inline float rnd(float x) { return to_float(from_float<T>(x)); }
+
+}  // namespace shoal
