@@ -86,9 +86,13 @@ class ModelRunner:
             else:  # only decodes are spans here: pad each to the longest context, mask the rest
                 b, L = len(rows), max(ctxs)
                 slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
+                valid = torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)
+                # Padding reads the sequence's own first token: a slot never written holds
+                # whatever the memory held, and a NaN there survives the mask (0 * NaN).
+                slots = torch.where(valid, slots, slots[:, :1])
                 meta.decode_len = L
                 meta.decode_slots = slots.reshape(-1)
-                meta.decode_mask = (torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)).view(b, 1, 1, L)
+                meta.decode_mask = valid.view(b, 1, 1, L)
         meta.slot_mapping = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *chunk_slots])
         logits = self.model(
             torch.tensor(ids, dtype=torch.long),

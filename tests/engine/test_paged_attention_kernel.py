@@ -143,3 +143,24 @@ def test_engine_bf16_native_matches_reference_path(tiny_model):
         upto = cmp.diverged_at if cmp.diverged_at is not None else len(a.token_ids)
         diff = (torch.stack(logits["native"][i][: upto + 1]) - torch.stack(logits["sdpa"][i][: upto + 1])).abs().max()
         assert diff < BF16_LOGIT_ATOL, f"prompt {i}: logits differ by {diff.item()}"
+
+
+def test_unwritten_cache_slots_are_never_read(tiny_model):
+    """The cache is allocated uninitialized: filled with NaN first, both paths must give
+    the outputs of a clean cache (a read of an unwritten slot would spread the NaN)."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.sampling import SamplingParams
+
+    r = random.Random(5)
+    prompts = [[r.randrange(511) for _ in range(r.randint(1, 90))] for _ in range(8)]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    for attention in ("native", "sdpa"):
+        clean = LLMEngine(tiny_model, EngineConfig(attention=attention, max_num_batched_tokens=48))
+        for layer in clean.cache.layers:
+            layer.zero_()
+        dirty = LLMEngine(tiny_model, EngineConfig(attention=attention, max_num_batched_tokens=48))
+        for layer in dirty.cache.layers:
+            layer.fill_(float("nan"))
+        want = [o.token_ids for o in clean.generate(prompts, params)]
+        got = [o.token_ids for o in dirty.generate(prompts, params)]
+        assert got == want, f"{attention}: a NaN from an unwritten slot reached the output"
