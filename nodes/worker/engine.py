@@ -50,9 +50,10 @@ class EngineConfig:
     # copy instead of a prefill (on a GPU it would be pinned memory). 0: they recompute.
     offload_bytes: int = 0
     num_threads: int | None = None
-    # "native": the compiled paged attention for decodes and cached-prefix chunks (falls
-    # back to "sdpa" if it cannot be built); "sdpa": gather the slots, then
-    # scaled_dot_product_attention (the reference).
+    # "native": the compiled native ops (`kernels/`: paged attention for every chunk and
+    # the fused norm / RoPE / activation), falling back to "sdpa" if they cannot be
+    # built; "sdpa": the torch reference forward (gather the slots, then
+    # scaled_dot_product_attention), which tests compare the native one with.
     attention: str = "native"
     # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
     # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
