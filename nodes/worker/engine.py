@@ -93,8 +93,12 @@ DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration 
 
 class LLMEngine:
     def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig(), planner=None, cost_model=None):
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        from shoal.nodes.worker.cpu_threads import cores_owned
+
+        threads, why = (config.num_threads, "set by the user") if config.num_threads else cores_owned()
+        torch.set_num_threads(threads)
+        self.threads = threads
+        log.info("[engine] %d torch threads (%s)", threads, why)
         from dataclasses import replace
 
         from shoal.nodes.worker.dtype_choice import choose_dtype
@@ -215,6 +219,7 @@ class LLMEngine:
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,
                 "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason,
                 "budget": self.config.max_num_batched_tokens, "budget_reason": self.budget_reason,
+                "threads": self.threads,
                 "attention": "native" if self.runner.kernel is not None else "sdpa",
                 "packed_linears": self.packed_linears}
 
