@@ -51,8 +51,22 @@ class EtcdServer:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> "EtcdServer":
+    def start(self, timeout: float = 20.0, tries: int = 3) -> "EtcdServer":
+        """Starts etcd and waits until it answers. A port found free can be taken by
+        another process before etcd binds it: then it starts again on new ports."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(tries):
+            logged = (self.data_dir / "etcd.log").stat().st_size if (self.data_dir / "etcd.log").exists() else 0
+            try:
+                return self._start_once(timeout)
+            except EtcdUnavailable:
+                lost_port = b"address already in use" in (self.data_dir / "etcd.log").read_bytes()[logged:]
+                if not lost_port or attempt == tries - 1:
+                    raise
+                self.port, self.peer_port = free_port(self.host), free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> "EtcdServer":
         client = f"http://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
         log = open(self.data_dir / "etcd.log", "ab")
