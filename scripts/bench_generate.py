@@ -63,13 +63,11 @@ def matmul_gflops(dtype_name: str, threads: int) -> dict:
 
 def cpu_summary() -> str:
     """The CPU model and the vector flags every figure depends on."""
-    from shoal.nodes.worker.dtype_choice import cpu_flags
+    from shoal.nodes.worker.dtype_choice import cpu_flags, cpu_model
 
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
     wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]
     flags = cpu_flags()
-    return f"{model}; {os.cpu_count()} cores; " + " ".join(f for f in wanted if f in flags)
+    return f"{cpu_model()}; {os.cpu_count()} cores; " + " ".join(f for f in wanted if f in flags)
 
 
 def run_shoal(args, work) -> dict:

@@ -39,7 +39,7 @@ class AttentionMetadata:
     block_size: int = 16
     num_decodes: int = 0  # the step's first rows, one token each
     kernel: object = None  # the native ops module, when built: the model runs its native forward
-    # Kernel path: spans of rows it computes (all decodes, then cached-prefix chunks).
+    # Kernel path: the spans of rows it computes (every decode, then every chunk).
     span_rows: torch.Tensor | None = None  # [S] first row of each span
     span_lens: torch.Tensor | None = None  # [S] rows of each span
     span_ctx: torch.Tensor | None = None  # [S] context of each span, its own rows included

@@ -4,15 +4,15 @@ Times pure prefill steps over a grid of lengths and pure decode steps over a gri
 batch sizes on the loaded engine, fits α_p, β_p, α_d, β_d by least squares, and fits
 β_MB(r) = a + b·r + c·r² to the cost per token of short MB runs at several decode
 shares r. A last probe times steps filled with many short prompts at growing token
-budgets, from which the engine picks its default step budget (`CostModel.step_budget`). The result is cached per (model fingerprint, dtype, device) as JSON; a cache
-for another model, or a fit that fails validation, is refused with the reason.
+budgets, from which the engine picks its default step budget (`CostModel.step_budget`).
+The result is cached per (model fingerprint, dtype, device) as JSON; a cache for
+another model, or a fit that fails validation, is refused with the reason.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import platform
 import random
 import statistics
 import time
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from shoal.env import state_dir
+from shoal.nodes.worker.dtype_choice import cpu_model
 from shoal.sampling import SamplingParams
 from shoal.scheduler.cost_model import CalibrationError, CostModel
 from shoal.scheduler.least_squares import fit_line_nonnegative, fit_polynomial
@@ -32,15 +33,7 @@ CALIBRATION_VERSION = 2  # 2: the native engine (fused ops, paged prefill) and t
 
 
 def device_name() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu:{model}:{torch.get_num_threads()}t"
+    return f"cpu:{cpu_model()}:{torch.get_num_threads()}t"
 
 
 def cache_path(engine, root: Path | None = None) -> Path:

@@ -43,6 +43,3 @@ class ComputeThread:
     def call(self, fn, *args):
         """`fn(*args)` on the compute thread; its result, or its exception raised here."""
         return self.submit(fn, *args).result()
-
-    def is_current(self) -> bool:
-        return threading.current_thread() is self._thread

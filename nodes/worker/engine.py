@@ -39,8 +39,8 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
     kv_cache_bytes: int = 2 << 30
-    # Tokens per step. None: the device calibration's budget (the smallest at which a
-    # prefill step reaches 90% of its best throughput; `CostModel.step_budget`), or
+    # Tokens per step. None: the device calibration's budget (the largest whose prefill
+    # throughput is within 90% of the best probed; `CostModel.step_budget`), or
     # DEFAULT_BUDGET where there is no calibration. `budget_reason` says which.
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 256

@@ -24,7 +24,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.bs = cache.block_size
-        self.kernel = kernel  # the compiled paged attention module, or None for gather + SDPA
+        self.kernel = kernel  # the native ops module, or None for the reference path
 
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
@@ -57,8 +57,7 @@ class ModelRunner:
             else:
                 ids.extend(seq.tokens(start, end))
                 pos.extend(range(start, end))
-                all_slots = self.cache.slots_of(seq.block_table, 0, end)
-                chunk_slots.append(all_slots[start:])
+                chunk_slots.append(self.cache.slots_of(seq.block_table, start, end))
             if n == 1 or self.kernel is not None:
                 rows.append(row)
                 lens.append(n)
@@ -66,10 +65,11 @@ class ModelRunner:
                 tables.append(seq.block_table[: -(-end // bs)])
             elif start == 0:
                 meta.prefills.append(PrefillSpan(row, row + n, fresh=True))
-            else:
+            else:  # the reference path gathers the cached prefix and the chunk
                 q_pos = torch.arange(start, end).unsqueeze(1)
                 mask = torch.arange(end).unsqueeze(0) <= q_pos
-                meta.prefills.append(PrefillSpan(row, row + n, fresh=False, slots=all_slots, mask=mask))
+                slots = self.cache.slots_of(seq.block_table, 0, end)
+                meta.prefills.append(PrefillSpan(row, row + n, fresh=False, slots=slots, mask=mask))
             row += n
             if sample_mask[i]:
                 logit_rows.append(row - 1)

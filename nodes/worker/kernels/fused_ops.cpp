@@ -19,6 +19,7 @@ namespace {
 
 using shoal::Vec;
 using shoal::VS;
+using shoal::hsum;
 using shoal::load_vec;
 using shoal::store_vec;
 using shoal::rnd_vec;
@@ -35,14 +36,6 @@ inline void norm_row(const float* h, float sum_sq, const T* w, T* out, int64_t n
   for (; i + VS <= n; i += VS)
     store_vec(out + i, rnd_vec<T>(load_vec(w + i) * rnd_vec<T>(Vec::loadu(h + i) * vinv)));
   for (; i < n; ++i) out[i] = from_float<T>(to_float(w[i]) * rnd<T>(h[i] * inv));
-}
-
-inline float hsum(const Vec& v) {
-  float buf[VS];
-  v.store(buf);
-  float s = 0.f;
-  for (int j = 0; j < VS; ++j) s += buf[j];
-  return s;
 }
 
 // h = the row as fp32 (after the residual add, when there is one); returns sum(h²).
@@ -219,21 +212,22 @@ torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Ten
   TORCH_CHECK(k_cache.dtype() == qkv.dtype() && v_cache.dtype() == qkv.dtype() && k_cache.is_contiguous() &&
               v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(1) == KVH && k_cache.size(2) == D &&
               v_cache.sizes() == k_cache.sizes(), "cache halves: [slots, KVH, D] in qkv's dtype");
-  if (rows) {
-    TORCH_CHECK(positions.min().item<int64_t>() >= 0 && positions.max().item<int64_t>() < cos.size(0), "position outside the rotary table");
-    TORCH_CHECK(slots.min().item<int64_t>() >= 0 && slots.max().item<int64_t>() < k_cache.size(0), "slot outside the cache");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < cos.size(0), "position outside the rotary table");
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < k_cache.size(0), "slot outside the cache");
   }
   auto q = torch::empty({rows, H, D}, qkv.options().dtype(torch::kFloat32));
   if (qkv.dtype() == torch::kFloat32) {
     qkv_rope_impl<float>(qkv.data_ptr<float>(), norm ? q_norm.data_ptr<float>() : nullptr,
                          norm ? k_norm.data_ptr<float>() : nullptr, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                         positions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), k_cache.data_ptr<float>(),
+                         pos, slot, k_cache.data_ptr<float>(),
                          v_cache.data_ptr<float>(), q.data_ptr<float>(), rows, H, KVH, D, (float)eps);
   } else {
     using B = c10::BFloat16;
     qkv_rope_impl<B>(qkv.data_ptr<B>(), norm ? q_norm.data_ptr<B>() : nullptr, norm ? k_norm.data_ptr<B>() : nullptr,
-                     cos.data_ptr<float>(), sin.data_ptr<float>(), positions.data_ptr<int64_t>(),
-                     slots.data_ptr<int64_t>(), k_cache.data_ptr<B>(), v_cache.data_ptr<B>(), q.data_ptr<float>(),
+                     cos.data_ptr<float>(), sin.data_ptr<float>(), pos, slot, k_cache.data_ptr<B>(), v_cache.data_ptr<B>(), q.data_ptr<float>(),
                      rows, H, KVH, D, (float)eps);
   }
   return q;

@@ -27,41 +27,9 @@
 
 using shoal::Vec;
 using shoal::VS;
+using shoal::hmax;
+using shoal::hsum;
 using shoal::load_vec;
-
-static inline float hsum(const Vec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_reduce_add_ps(v);
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m256 x = v;
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-#else
-  float buf[VS];
-  v.store(buf);
-  float s = 0.f;
-  for (int i = 0; i < VS; ++i) s += buf[i];
-  return s;
-#endif
-}
-
-static inline float hmax(const Vec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_reduce_max_ps(v);
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m256 x = v;
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-#else
-  float buf[VS];
-  v.store(buf);
-  return *std::max_element(buf, buf + VS);
-#endif
-}
 
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int VREGS = 32;  // vector registers the compiler can keep values in
@@ -373,8 +341,11 @@ void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
     TORCH_CHECK(n[s] >= 1 && r[s] >= 0 && r[s] + n[s] <= T, "span ", s, " rows out of range");
     TORCH_CHECK(c[s] >= n[s] && c[s] <= max_blocks * block_size, "span ", s, " context out of range");
   }
-  TORCH_CHECK(tables.numel() == 0 || (tables.min().item<int64_t>() >= 0 &&
-              (tables.max().item<int64_t>() + 1) * block_size <= k_cache.size(0)), "block id outside the cache");
+  const int64_t* tb = tables.data_ptr<int64_t>();
+  const int64_t cache_blocks = k_cache.size(0) / block_size;
+  for (int64_t s = 0; s < S; ++s)  // the blocks each span reads
+    for (int64_t j = 0; j < (c[s] + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(tb[s * max_blocks + j] >= 0 && tb[s * max_blocks + j] < cache_blocks, "block id outside the cache");
   if (k_cache.dtype() == torch::kFloat32) {
     dispatch_head_dim<float>(D, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                              tables.data_ptr<int64_t>(), r, n, c, out.data_ptr<float>(), S, H, KVH, max_blocks,

@@ -3,6 +3,7 @@
 // registers; a bf16 store rounds to nearest even, as torch's conversion does (inputs are
 // finite). Shared by the attention kernel and the fused ops.
 #pragma once
+#include <ATen/cpu/vec/functional_base.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <cstring>
@@ -71,6 +72,14 @@ template <> inline Vec rnd_vec<c10::BFloat16>(const Vec& v) {
   for (int i = 0; i < VS; ++i) buf[i] = static_cast<float>(c10::BFloat16(buf[i]));
   return Vec::loadu(buf);
 #endif
+}
+
+// Horizontal sum and max of one vector (ATen's shuffle trees).
+inline float hsum(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, v);
+}
+inline float hmax(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, v);
 }
 
 // Scalar forms, for the tails of rows that are not a whole number of vectors.

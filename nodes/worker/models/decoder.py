@@ -91,11 +91,9 @@ class DecoderLayer(nn.Module):
         the stream before it (empty for the first layer), updated in place."""
         ops, eps = meta.kernel, self.input_norm.eps
         with traced("shoal::rms_norm"):
-            if residual.numel() == 0:
-                residual = x
-                h = ops.rms_norm(x, residual.new_empty(0), self.input_norm.weight, eps)
-            else:
-                h = ops.rms_norm(x, residual, self.input_norm.weight, eps)
+            h = ops.rms_norm(x, residual, self.input_norm.weight, eps)  # no add while residual is empty
+        if residual.numel() == 0:
+            residual = x
         h = self.attn.forward_native(h, positions, rope, kv_cache, meta)
         with traced("shoal::rms_norm"):
             h = ops.rms_norm(h, residual, self.post_attn_norm.weight, eps)
