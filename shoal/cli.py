@@ -16,7 +16,8 @@ from shoal.generate_input import MAX_ITEM_BYTES
 def cmd_make_model(args) -> int:
     from shoal.nodes.worker.models.make_model import make_model
 
-    out = make_model(args.out, preset=args.preset, architecture=args.arch, dtype=args.dtype, seed=args.seed)
+    out = make_model(args.out, preset=args.preset, architecture=args.arch, dtype=args.dtype, seed=args.seed,
+                     tokenizer=args.tokenizer)
     print(f"model: {out}")
     return 0
 
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     mm.add_argument("--arch", default="Qwen3ForCausalLM")
     mm.add_argument("--dtype", default="bfloat16")
     mm.add_argument("--seed", type=int, default=0)
+    mm.add_argument("--tokenizer", default=None, help="folder with a tokenizer.json to use (its vocabulary size "
+                                                      "becomes the model's); default: one trained on stdlib text")
     mm.set_defaults(fn=cmd_make_model)
 
     g = sub.add_parser("generate", help="run a generation job over a JSONL or Parquet file")

@@ -14,9 +14,10 @@ import traceback
 
 import orjson
 
-from shoal.program import (Embed, Generate, ProgramError, ProgramSpec, Retrieve, result_from_dict, result_to_dict)
+from shoal.program import (Embed, Generate, ProgramError, ProgramSpec, Retrieve, Tokenize, result_from_dict,
+                           result_to_dict)
 
-OPERATIONS = (Generate, Embed, Retrieve)
+OPERATIONS = (Generate, Embed, Retrieve, Tokenize)
 
 
 class NotDeterministic(ProgramError):
@@ -66,7 +67,7 @@ class SequenceCoroutine:
             raise self._fail("raised", e) from None
         if not isinstance(op, OPERATIONS):
             raise ProgramError(f"sequence {self.seq_id!r}: program {self.spec.name!r} yielded "
-                               f"{type(op).__name__}, not an operation (Generate, Embed or Retrieve)")
+                               f"{type(op).__name__}, not an operation (Generate, Embed, Retrieve or Tokenize)")
         try:
             self.current = _plain(op.to_dict())
         except TypeError as e:  # e.g. a set or a numpy scalar in a prompt

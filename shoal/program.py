@@ -85,7 +85,25 @@ class Retrieve:
         return {"op": self.kind, "query": q, "k": self.k, "index": self.index}
 
 
-Operation = Generate | Embed | Retrieve
+@dataclass(frozen=True)
+class Tokenize:
+    """Token ids of texts under the worker's decoder tokenizer, without special tokens:
+    what a program needs to build token prompts (cut a context to its last N tokens,
+    put ids in front). Answered at once, on the worker, with no model call."""
+
+    texts: tuple[str, ...]
+    kind = "tokenize"
+
+    def __post_init__(self):
+        if isinstance(self.texts, str):
+            raise RequestError("Tokenize takes a list of texts, not one string")
+        object.__setattr__(self, "texts", tuple(self.texts))
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "texts": list(self.texts)}
+
+
+Operation = Generate | Embed | Retrieve | Tokenize
 
 
 @dataclass(frozen=True)
@@ -208,3 +226,4 @@ def generate(item: dict, **params):
 
 # Built-in programs defined in modules of their own register on import.
 importlib.import_module("shoal.ircot")
+importlib.import_module("shoal.examples.w3")

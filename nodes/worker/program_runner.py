@@ -3,9 +3,10 @@ on one operation, and each operation goes to the executor of its kind.
 
 Generate operations go to the engine, which batches them across all sequences; a
 finished one resumes its coroutine, which yields its next operation or returns. Embed
-and Retrieve travel the same path to executors of their own; a worker without one
-fails the sequence with an error that says what is missing. The runtime lives on the
-compute thread: nothing here is shared with the IO thread.
+and Retrieve travel the same path to executors of their own (a worker without one fails
+the sequence with an error that says what is missing); Tokenize is answered on the spot
+with the decoder's tokenizer. The runtime lives on the compute thread: nothing here is
+shared with the IO thread.
 
 Checkpoints: after each completed operation of a program that goes on, and every
 `checkpoint_tokens` tokens inside a Generate, the runner emits the sequence's state
@@ -23,7 +24,7 @@ import time
 from collections import Counter
 
 from shoal.coroutine import Finished, SequenceCoroutine
-from shoal.program import Generate, GenerateResult, ProgramError, resolve_program
+from shoal.program import Generate, GenerateResult, ProgramError, Tokenize, resolve_program
 from shoal.protocol.coroutine_state import check_coroutine_state, coroutine_state
 from shoal.protocol.sequence_state import SequenceState, StateError
 from shoal.sampling import RequestError
@@ -143,6 +144,11 @@ class ProgramRunner:
         """Sends the next operation to its executor, or emits the finished record."""
         job_id, sid = key
         self._marks.pop(key, None)
+        while isinstance(out, Tokenize):  # answered here and now: no model call to batch
+            try:
+                out = self.coros[key].advance(self._tokenize(out.texts))
+            except Exception as e:
+                return self._fail(key, _message(sid, e))
         if isinstance(out, Finished):
             self.coros.pop(key)
             return [(job_id, _record(sid, out.value), self.tokens.pop(key, 0))]
@@ -158,6 +164,16 @@ class ProgramRunner:
         except Exception as e:  # an executor's bug or a malformed operation fails this sequence only
             return self._fail(key, _message(sid, e))
         return []
+
+    def _tokenize(self, texts: tuple) -> list[list[int]]:
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+        if bad:
+            raise RequestError(f"Tokenize takes texts; item {bad[0]} is a {type(texts[bad[0]]).__name__}")
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        if tokenizer is None:
+            raise ProgramError("Tokenize needs the decoder's tokenizer: this worker hosts no decoder")
+        self.counters["tokenize.texts"] += len(texts)
+        return [tokenizer.encode(t) for t in texts]
 
     def _fail(self, key: tuple, message: str) -> list:
         self.coros.pop(key, None)

@@ -114,3 +114,29 @@ def test_generate_program_and_operations_check_their_arguments():
         Generate()
     with pytest.raises(RequestError, match="list of texts"):
         Embed("one string")
+
+
+def test_w3_program_builds_token_prompts_from_its_tokenize_results():
+    """The w3 program's first hop: its Tokenize, then a Generate of [bos] + question +
+    "Thought:" ids; after a retrieval the passages' ids join the next prompt, which
+    begins with the last one's prompt up to its "Thought:" ids; replay gives the same."""
+    from shoal.program import Tokenize
+
+    with pytest.raises(RequestError, match="list of texts"):
+        Tokenize("one string")
+    item = {"id": "q", "question": "why?", "max_hops": 1, "thought_tokens": [3], "final_tokens": 2}
+    co = SequenceCoroutine(resolve_program("w3"), item, {"window": 4}, "q")
+    op = co.start()
+    assert co.current == {"op": "tokenize", "texts": ["why?", "\nThought:", "\nAnswer:"]}
+    op = co.advance([[7, 8], [20, 21], [30, 31]])
+    assert op.prompt_token_ids == [101, 7, 8, 20, 21] and op.params.max_tokens == 3 and op.params.ignore_eos
+    op = co.advance(GenerateResult("a b", [5, 6, 9], "length"))
+    assert op.query == "a b" and op.k == 4
+    op = co.advance([{"id": "p1", "text": "x"}, {"id": "p2", "text": "y"}])
+    assert op.texts == ("x", "y")
+    op = co.advance([[40, 41, 42], [50, 51]])
+    assert op.prompt_token_ids == [101, 7, 8, 41, 42, 50, 51, 30, 31]  # the context's last 4 tokens
+    out = co.advance(GenerateResult("end", [1, 2], "length"))
+    assert out.value["generated_tokens"] == 5 and out.value["retrievals"] == 1 and out.value["context_tokens"] == 5
+    again = SequenceCoroutine(resolve_program("w3"), item, {"window": 4}, "q")
+    assert isinstance(again.start(co.journal), Finished)

@@ -74,16 +74,33 @@ def random_weights(raw_cfg: dict, seed: int, dtype: torch.dtype) -> dict[str, to
 
 def make_model(out_dir: str | Path, preset: str = "tiny", architecture: str = "Qwen3ForCausalLM",
                dtype: str = "bfloat16", seed: int = 0, overrides: dict | None = None,
-               tokenizer_text_chars: int | None = None) -> Path:
-    """`overrides` changes preset fields (tests use a 2-layer model of the small shape)."""
+               tokenizer_text_chars: int | None = None, tokenizer: str | Path | None = None) -> Path:
+    """`overrides` changes preset fields (tests use a 2-layer model of the small shape).
+    `tokenizer`: a folder whose tokenizer.json the model takes (its vocabulary size
+    becomes the model's) instead of one trained on stdlib text."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        src = Path(tokenizer) / "tokenizer.json"
+        if not src.is_file():
+            raise ModelError(f"tokenizer folder {tokenizer} has no tokenizer.json")
+        tok = Tokenizer.from_file(str(src))
+        tok.no_truncation()  # an encoder's 128-token limit is not the decoder's
+        tok.no_padding()
+        overrides = {**(overrides or {}), "vocab_size": tok.get_vocab_size()}
     raw = preset_config(preset, architecture, dtype, overrides)
-    tok = build_tokenizer(raw["vocab_size"], tokenizer_text_chars or TOKENIZER_TEXT_CHARS[preset])
+    eos = EOS_TOKEN
+    if tokenizer is None:
+        tok = build_tokenizer(raw["vocab_size"], tokenizer_text_chars or TOKENIZER_TEXT_CHARS[preset])
+    else:  # the end-of-sequence token a tokenizer of that family has (BERT's [SEP]), else its last id
+        eos = next((t for t in (EOS_TOKEN, "</s>", "[SEP]") if tok.token_to_id(t) is not None), tok.id_to_token(raw["vocab_size"] - 1))
+        raw["eos_token_id"] = tok.token_to_id(eos)
     tok.save(str(out / "tokenizer.json"))
     weights = random_weights(raw, seed, parse_dtype(dtype))
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": raw["eos_token_id"]}))
-    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS_TOKEN, "model_max_length": raw["max_position_embeddings"]}))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "model_max_length": raw["max_position_embeddings"]}))
     return out
