@@ -86,6 +86,11 @@ class EngineStats:
     time_plan: float = 0.0
     time_model: float = 0.0
     time_sample: float = 0.0
+    rows_stepped: int = 0  # sequences summed over steps: / steps = the mean running batch
+    # time_model split between prompt tokens and decoding rows of each step, in
+    # proportion to their cost under the calibration (1:1 per token without one).
+    time_prefill: float = 0.0
+    time_decode: float = 0.0
 
 
 DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration says
@@ -320,10 +325,19 @@ class LLMEngine:
         # What this step ran, (prefill tokens, decoding sequences): the encode planner
         # predicts the next step's time from it.
         self.last_step_work = (prefill, sum(1 for _, n in chunks if n == 1))
+        self._split_model_time(t2 - t1, *self.last_step_work)
+        self.stats.rows_stepped += len(chunks)
         finished = self._sample([chunks[i][0] for i in logit_chunks], logits)
         self.stats.time_sample += time.perf_counter() - t2
         self.stats.steps += 1
         return finished
+
+    def _split_model_time(self, seconds: float, prefill: int, decoding: int) -> None:
+        cm = self.cost_model
+        p, d = (prefill * cm.beta_p, decoding * cm.beta_d) if cm is not None else (prefill, decoding)
+        share = p / (p + d) if p + d > 0 else 0.0
+        self.stats.time_prefill += seconds * share
+        self.stats.time_decode += seconds * (1.0 - share)
 
     def _plan(self):
         bs = self.config.block_size

