@@ -22,7 +22,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "fused_ops.cpp", "bindings.cpp")]
+_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "prefill_bf16.cpp", "fused_ops.cpp", "bindings.cpp")]
 
 
 def _source_digest() -> str:

@@ -1,0 +1,218 @@
+// Prefill attention for a bf16 cache on CPUs with AVX512_BF16: both products of a
+// chunk's attention (Q K^T and P V) as bf16 dot-product instructions (vdpbf16ps: 32
+// bf16 products summed pairwise into 16 fp32 lanes), twice the fp32 FMA rate, with the
+// softmax in fp32 between them, online over blocks of 32 keys (as flash attention).
+//
+// Each span's keys and values are first packed once per KV head (not once per tile of
+// query rows) into the layouts the instruction pairs elements in:
+//   K: [block of 16 keys][dim pair][16 keys][2]  a vector = 16 keys x one dim pair
+//   V: [key pair][dim][2]                          a vector = 16 dims x one key pair
+// Scores accumulate in fp32 and are scaled in fp32; probabilities are rounded to bf16
+// for P V, as torch's bf16 attention does. Decode rows keep the streaming fp32 loop of
+// paged_attention.cpp. Compiled for AVX-512 builds only, used where the CPU says so.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+
+#define SHOAL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+
+namespace {
+
+constexpr int64_t ROWS = 16;  // query rows per tile (x the query heads of a KV head)
+constexpr int KB = 32;         // keys per softmax block (two vectors of 16 keys)
+constexpr int RB = 8;          // row-heads scored together, sharing each K load
+constexpr int RBV = 6;         // row-heads accumulated together, sharing each V load
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+struct Packed {  // one span's K and V for one KV head, context padded to KB keys
+  std::vector<uint32_t> k;  // [ctx_pad / 16][D / 2][16]
+  std::vector<uint32_t> v;  // [ctx_pad / 2][D]
+};
+
+void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t ctx, int64_t h, int64_t KVH,
+          int64_t D, int64_t bs, Packed& p) {
+  const int64_t pad = (ctx + KB - 1) / KB * KB, DP = D / 2;
+  p.k.assign(pad * DP, 0u);
+  p.v.assign(pad / 2 * D, 0u);
+  for (int64_t t = 0; t < ctx; ++t) {
+    const int64_t off = ((table[t / bs] * bs + t % bs) * KVH + h) * D;
+    const uint32_t* krow = reinterpret_cast<const uint32_t*>(kc + off);
+    uint32_t* kdst = p.k.data() + (t / 16) * DP * 16 + t % 16;
+    for (int64_t dp = 0; dp < DP; ++dp) kdst[dp * 16] = krow[dp];
+    uint16_t* vdst = reinterpret_cast<uint16_t*>(p.v.data() + (t / 2) * D) + (t & 1);
+    const uint16_t* vrow = vc + off;
+    for (int64_t d = 0; d < D; ++d) vdst[2 * d] = vrow[d];
+  }
+}
+
+inline uint32_t bf16_bits(float x) {  // round to nearest even, as torch rounds
+  return c10::BFloat16(x).x;
+}
+
+// Rows [i0, i0 + R) of span s (its first q row `row0`, `len` rows, context `ctx`), the
+// G query heads of KV head h.
+template <int NV>  // D / 16
+SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
+                     int64_t R, int64_t h, int64_t G, int64_t H, float scale, float* out) {
+  constexpr int64_t D = NV * 16, DP = D / 2;
+  const int64_t RG = R * G, base = ctx - len, nmax = base + i0 + R;
+  std::vector<uint32_t> qp((RG + RB) * DP, 0u);  // bf16 pairs of each row-head's query
+  std::vector<float> acc(RG * D, 0.f), m(RG, NEG_INF), l(RG, 0.f);
+  std::vector<uint32_t> pp((RG + RBV) * (KB / 2), 0u);  // bf16 pairs of each row-head's probabilities
+  std::vector<int64_t> seen(RG);  // keys row-head rh sees
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
+      for (int64_t dp = 0; dp < DP; ++dp)
+        qp[(r * G + g) * DP + dp] = bf16_bits(src[2 * dp]) | (bf16_bits(src[2 * dp + 1]) << 16);
+      seen[r * G + g] = base + i0 + r + 1;
+    }
+  std::vector<float> cr(RG + RBV, 1.f);  // each row-head's rescale for this block
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t start = 0; start < nmax; start += KB) {
+    const uint32_t* kblk = p.k.data() + (start / 16) * DP * 16;
+    for (int64_t rh0 = 0; rh0 < RG; rh0 += RB) {
+      const int64_t nb = std::min<int64_t>(RB, RG - rh0);
+      __m512 s0[RB], s1[RB];
+      for (int b = 0; b < RB; ++b) s0[b] = s1[b] = _mm512_setzero_ps();
+      const uint32_t* qv = qp.data() + rh0 * DP;
+      for (int64_t dp = 0; dp < DP; ++dp) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kblk + dp * 16);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kblk + DP * 16 + dp * 16);
+        for (int b = 0; b < RB; ++b) {
+          const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qv[b * DP + dp]);
+          s0[b] = _mm512_dpbf16_ps(s0[b], qb, k0);
+          s1[b] = _mm512_dpbf16_ps(s1[b], qb, k1);
+        }
+      }
+      for (int b = 0; b < nb; ++b) {
+        const int64_t rh = rh0 + b;
+        const int64_t n = std::clamp<int64_t>(seen[rh] - start, 0, KB);  // keys of this block it sees
+        uint32_t* prow = pp.data() + rh * (KB / 2);
+        if (n == 0) {
+          std::fill(prow, prow + KB / 2, 0u);
+          cr[rh] = 1.f;
+          continue;
+        }
+        const __mmask16 m0 = (__mmask16)_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::min<int64_t>(n, 16)));
+        const __mmask16 m1 = (__mmask16)_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::max<int64_t>(n - 16, 0)));
+        const __m512 a = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m0, _mm512_mul_ps(s0[b], _mm512_set1_ps(scale)));
+        const __m512 c = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m1, _mm512_mul_ps(s1[b], _mm512_set1_ps(scale)));
+        const float mx = std::max(m[rh], _mm512_reduce_max_ps(_mm512_max_ps(a, c)));
+        cr[rh] = std::exp(m[rh] - mx);  // 0 on the first block (m = -inf)
+        const at::vec::Vectorized<float> ea = (at::vec::Vectorized<float>(a) - at::vec::Vectorized<float>(mx)).exp();
+        const at::vec::Vectorized<float> ec = (at::vec::Vectorized<float>(c) - at::vec::Vectorized<float>(mx)).exp();
+        // l sums the probabilities as P V uses them: rounded to bf16.
+        const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)ec, (__m512)ea);  // keys 0-15 low, 16-31 high
+        _mm512_storeu_si512(prow, (__m512i)pb);
+        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256((__m512i)pb)), 16));
+        const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64((__m512i)pb, 1)), 16));
+        l[rh] = l[rh] * cr[rh] + _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+        m[rh] = mx;
+      }
+    }
+    const int64_t kp_end = (std::min<int64_t>(KB, nmax - start) + 1) / 2;  // key pairs any row sees
+    const uint32_t* vblk = p.v.data() + (start / 2) * D;
+    for (int64_t rh0 = 0; rh0 < RG; rh0 += RBV) {
+      const int64_t nb = std::min<int64_t>(RBV, RG - rh0);
+      __m512 o[RBV][NV];
+      for (int b = 0; b < RBV; ++b)
+        for (int c = 0; c < NV; ++c)
+          o[b][c] = b < nb ? _mm512_mul_ps(_mm512_loadu_ps(acc.data() + (rh0 + b) * D + c * 16), _mm512_set1_ps(cr[rh0 + b]))
+                           : _mm512_setzero_ps();
+      for (int64_t kp = 0; kp < kp_end; ++kp) {
+        __m512bh pv[RBV];
+        for (int b = 0; b < RBV; ++b) pv[b] = (__m512bh)_mm512_set1_epi32((int)pp[(rh0 + b) * (KB / 2) + kp]);
+        for (int c = 0; c < NV; ++c) {
+          const __m512bh v = (__m512bh)_mm512_loadu_si512(vblk + kp * D + c * 16);
+          for (int b = 0; b < RBV; ++b) o[b][c] = _mm512_dpbf16_ps(o[b][c], pv[b], v);
+        }
+      }
+      for (int b = 0; b < nb; ++b)
+        for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc.data() + (rh0 + b) * D + c * 16, o[b][c]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t rh = r * G + g;
+      const float inv = 1.f / l[rh];
+      float* dst = out + ((row0 + i0 + r) * H + h * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = acc[rh * D + d] * inv;
+    }
+}
+
+template <typename F>
+void dynamic_tasks(int64_t n, const F& run) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w)
+      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) run(t);
+  });
+}
+
+}  // namespace
+
+bool prefill_bf16_supported(int64_t D) {
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+  return cpu && (D == 32 || D == 64 || D == 128);
+}
+
+// Every span of more than one row, as paged_attention() describes spans; q and out are
+// fp32 [T, H, D], the cache bf16 [slots, KVH, D].
+void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
+                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
+                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale) {
+  std::vector<std::pair<int64_t, int64_t>> packs;  // (span, kv head)
+  for (int64_t s = 0; s < S; ++s)
+    if (lens[s] > 1)
+      for (int64_t h = 0; h < KVH; ++h) packs.push_back({s, h});
+  if (packs.empty()) return;
+  std::vector<Packed> packed(packs.size());
+  const auto* kc = reinterpret_cast<const uint16_t*>(k_cache);
+  const auto* vc = reinterpret_cast<const uint16_t*>(v_cache);
+  dynamic_tasks(packs.size(), [&](int64_t i) {
+    const auto [s, h] = packs[i];
+    pack(kc, vc, tables + s * max_blocks, ctx[s], h, KVH, D, bs, packed[i]);
+  });
+  struct Task { int64_t pack, i0; };
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < (int64_t)packs.size(); ++i) {
+    const int64_t s = packs[i].first;
+    for (int64_t i0 = 0; i0 < lens[s]; i0 += ROWS) tasks.push_back({i, i0});
+  }
+  // The costliest first (latest rows see the most keys), so the queue ends on small ones.
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) {
+    const int64_t sa = packs[a.pack].first, sb = packs[b.pack].first;
+    return ctx[sa] - lens[sa] + a.i0 > ctx[sb] - lens[sb] + b.i0;
+  });
+  const int64_t G = H / KVH;
+  dynamic_tasks(tasks.size(), [&](int64_t t) {
+    const auto [i, i0] = tasks[t];
+    const auto [s, h] = packs[i];
+    const int64_t R = std::min(ROWS, lens[s] - i0);
+    switch (D) {
+      case 32: tile<2>(q, packed[i], rows[s], lens[s], ctx[s], i0, R, h, G, H, scale, out); break;
+      case 64: tile<4>(q, packed[i], rows[s], lens[s], ctx[s], i0, R, h, G, H, scale, out); break;
+      default: tile<8>(q, packed[i], rows[s], lens[s], ctx[s], i0, R, h, G, H, scale, out); break;
+    }
+  });
+}
+
+#else  // narrower builds: never chosen
+
+bool prefill_bf16_supported(int64_t) { return false; }
+void prefill_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
+                  const int64_t*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                  float) {}
+
+#endif
