@@ -38,7 +38,10 @@ class EngineConfig:
     dtype: str = "auto"
     block_size: int = 16
     num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
-    kv_cache_bytes: int = 2 << 30
+    # 4 GiB, as vLLM's CPU recipe sets it: 350k tokens of W1's model in bf16, so that
+    # sequences waiting on a retrieval keep their prefix for the next hop (committed as
+    # blocks are written: an idle cache costs no memory).
+    kv_cache_bytes: int = 4 << 30
     # Tokens per step. None: the device calibration's budget (the largest whose prefill
     # throughput is within 90% of the best probed; `CostModel.step_budget`), or
     # DEFAULT_BUDGET where there is no calibration. `budget_reason` says which.

@@ -630,7 +630,8 @@ def load_decoder(args):
         from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
         return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
-                                                  max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes))
+                                                  max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
+                                                  kv_cache_bytes=args.kv_cache_bytes))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:
@@ -668,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
                     "embedding jobs' SuperBatches with it")
     ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="the encoder's compute dtype (vectors are stored as the job asks)")
+    ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
+                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")

@@ -37,6 +37,21 @@ def test_calibration_fits_and_caches(tiny_model):
     assert not eng.has_unfinished() and eng.stats.steps == 0  # calibration left no trace
 
 
+def test_calibration_fits_the_w3_model_shape(tmp_path, minilm):
+    """W3's decoder (W1's widths, MiniLM's 30522-token vocabulary, bf16), with 2 of its
+    12 layers: every probe of the calibration runs and the fit is made (an earlier
+    calibration refused this shape: "need at least 2 points to fit degree 1")."""
+    from shoal.nodes.worker.models.make_model import make_model
+
+    model = make_model(tmp_path / "w3", preset="small", dtype="bfloat16", overrides={"num_hidden_layers": 2},
+                       tokenizer=minilm)
+    eng = LLMEngine(model, EngineConfig(policy="ebplus"))
+    cached = json.loads(calibration.cache_path(eng).read_text())
+    assert cached["model"] == eng.fingerprint and cached["beta_p"] > 0 and cached["beta_d"] > 0
+    assert eng.cost_model is not None and eng.cost_model.step_budget() >= 128
+    assert (eng.planner.name == "ebplus") == (eng.policy_fallback is None)
+
+
 @pytest.mark.parametrize("policy", ["eb", "ebplus"])
 def test_policies_give_the_same_output_as_mb(tiny_model, policy):
     r = random.Random(5)

@@ -199,6 +199,10 @@ struct PrefillTile {
             for (int j = 0; j < NS; ++j) sv[b][j] = at::vec::fmadd(qd, kd[j], sv[b][j]);
           }
         }
+        // Scores out of registers first: exp below is a call, which would otherwise
+        // spill every accumulator still live (the probabilities overwrite them in place).
+        for (int b = 0; b < RB; ++b)
+          for (int j = 0; j < NS; ++j) sv[b][j].store(sc[b] + j * VS);
         float corr[RB + RBV];
         for (int b = 0; b < RB + RBV; ++b) corr[b] = 1.f;
         for (int b = 0; b < RB; ++b) {
@@ -208,15 +212,16 @@ struct PrefillTile {
             continue;
           }
           Vec mv(NEG_INF);
+          Vec row[NS];
           for (int j = 0; j < NS; ++j) {
-            sv[b][j] = Vec::blendv(Vec(NEG_INF), sv[b][j], lane[j] < Vec(static_cast<float>(crs[b])));
-            mv = at::vec::maximum(mv, sv[b][j]);
+            row[j] = Vec::blendv(Vec(NEG_INF), Vec::loadu(sc[b] + j * VS), lane[j] < Vec(static_cast<float>(crs[b])));
+            mv = at::vec::maximum(mv, row[j]);
           }
           const float mx = std::max(m[rh], hmax(mv));
           corr[b] = std::exp(m[rh] - mx);  // 0 on the first keys (m = -inf)
           Vec sum(0.f);
           for (int j = 0; j < NS; ++j) {
-            const Vec e = (sv[b][j] - Vec(mx)).exp();  // 0 where masked
+            const Vec e = (row[j] - Vec(mx)).exp();  // 0 where masked
             e.store(sc[b] + j * VS);
             sum = sum + e;
           }

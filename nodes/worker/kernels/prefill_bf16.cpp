@@ -95,6 +95,13 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
           s1[b] = _mm512_dpbf16_ps(s1[b], qb, k1);
         }
       }
+      // Scores out of registers first: the softmax below calls std::exp, and a call
+      // would otherwise spill every accumulator still live.
+      alignas(64) float sb[RB][KB];
+      for (int b = 0; b < RB; ++b) {
+        _mm512_store_ps(sb[b], _mm512_mul_ps(s0[b], _mm512_set1_ps(scale)));
+        _mm512_store_ps(sb[b] + 16, _mm512_mul_ps(s1[b], _mm512_set1_ps(scale)));
+      }
       for (int b = 0; b < nb; ++b) {
         const int64_t rh = rh0 + b;
         const int64_t n = std::clamp<int64_t>(seen[rh] - start, 0, KB);  // keys of this block it sees
@@ -106,12 +113,14 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
         }
         const __mmask16 m0 = (__mmask16)_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::min<int64_t>(n, 16)));
         const __mmask16 m1 = (__mmask16)_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::max<int64_t>(n - 16, 0)));
-        const __m512 a = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m0, _mm512_mul_ps(s0[b], _mm512_set1_ps(scale)));
-        const __m512 c = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m1, _mm512_mul_ps(s1[b], _mm512_set1_ps(scale)));
+        const __m512 a = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m0, _mm512_load_ps(sb[b]));
+        const __m512 c = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m1, _mm512_load_ps(sb[b] + 16));
         const float mx = std::max(m[rh], _mm512_reduce_max_ps(_mm512_max_ps(a, c)));
         cr[rh] = std::exp(m[rh] - mx);  // 0 on the first block (m = -inf)
-        const at::vec::Vectorized<float> ea = (at::vec::Vectorized<float>(a) - at::vec::Vectorized<float>(mx)).exp();
-        const at::vec::Vectorized<float> ec = (at::vec::Vectorized<float>(c) - at::vec::Vectorized<float>(mx)).exp();
+        // exp_u20: an inline polynomial (20 ulp, far below the bf16 rounding that
+        // follows), where Sleef's exp is a call that spills every live accumulator.
+        const at::vec::Vectorized<float> ea = (at::vec::Vectorized<float>(a) - at::vec::Vectorized<float>(mx)).exp_u20();
+        const at::vec::Vectorized<float> ec = (at::vec::Vectorized<float>(c) - at::vec::Vectorized<float>(mx)).exp_u20();
         // l sums the probabilities as P V uses them: rounded to bf16.
         const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)ec, (__m512)ea);  // keys 0-15 low, 16-31 high
         _mm512_storeu_si512(prow, (__m512i)pb);
