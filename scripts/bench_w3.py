@@ -16,7 +16,9 @@ lockstep pipeline a practitioner builds today, on the same data in the same run.
 Each side runs in a fresh process, one after another. Every side must generate exactly
 the tokens and make exactly the retrievals the questions ask for (checked). Reported:
 job time, ratios, prompt tokens computed and served from cache, engine steps, mean
-running batch, and where the time went (prefill, decode, encode, search, other).
+running batch, where the time went (prefill, decode, encode, search, other), and the
+job's layer FLOP/s as a share of the machine's matrix-multiply throughput (measured in
+the same run).
 
     python scripts/bench_w3.py                                # all 256 questions
     python scripts/bench_w3.py --questions 64 --sides shoal-cluster,shoal-lockstep
@@ -259,6 +261,22 @@ def child(args) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def roofline(model: Path, dtype: str) -> tuple[float, int, int]:
+    """The machine's matrix-multiply throughput in `dtype` (GFLOP/s, measured now, as
+    bench_generate.py measures it) and the decoder's parameters in its layers and in
+    its output projection."""
+    sys.path.insert(0, str(HERE))
+    from bench_generate import matmul_gflops
+
+    from shoal.nodes.worker.cpu_threads import cores_owned
+    from shoal.nodes.worker.models.config import load_decoder_config
+
+    cfg = load_decoder_config(model)
+    layers = cfg.num_layers * (cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+                               + 3 * cfg.hidden_size * cfg.intermediate_size)
+    return max(matmul_gflops(dtype, cores_owned()[0]).values()), layers, cfg.vocab_size * cfg.hidden_size
+
+
 def python_has(python: str, module: str) -> bool:
     done = subprocess.run([python, "-c", f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"],
                           capture_output=True)
@@ -296,6 +314,9 @@ def main() -> int:
           f"{want['generated_tokens']} generated tokens; passages {meta['passages']} (sha {meta['passages_sha']}), "
           f"questions sha {meta['questions_sha']}", flush=True)
     print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {flags}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
+    ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
+    print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
+          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
     results = {}
     for side in args.sides.split(","):
         python = args.vllm_python if side == "vllm-lockstep" else sys.executable
@@ -316,13 +337,20 @@ def main() -> int:
         computed = r.get("prompt_tokens_computed")
         if computed is None and r.get("prompt_tokens_cached") is not None:
             computed = r["prompt_tokens"] - r["prompt_tokens_cached"]
+        # The matrix multiplies the job needs at the least: every computed prompt token
+        # and every generated one through the layers, logits for generated tokens only
+        # (attention left out: the figure is a lower bound on the work done).
+        r["linear_flops"] = 2 * (linear_params * ((computed or r["prompt_tokens"]) + r["generated_tokens"])
+                                 + head_params * r["generated_tokens"])
+        r["ceiling_share"] = r["linear_flops"] / r["wall"] / (ceiling * 1e9)
         print(f"{side}: {r['wall']:.1f}s; {r['generated_tokens']} tokens generated, {r['retrievals']} retrievals; "
               f"prompt tokens {r['prompt_tokens']}, computed {computed}, from cache {r.get('prompt_tokens_cached')}"
               + (f"; {r['steps']} steps, mean batch {r['mean_batch']:.1f}, budget {r['budget']}" if "steps" in r else "")
               + (f"; {r['rounds']} rounds" if "rounds" in r else "")
               + (f"; planner {r['planner']}" + (f" ({r['policy_fallback']})" if r.get("policy_fallback") else "")
                  if "planner" in r else ""), flush=True)
-        print("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["time"].items()), flush=True)
+        print("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["time"].items())
+              + f"; layer FLOP/s {100 * r['ceiling_share']:.0f}% of the matmul ceiling", flush=True)
     if "shoal-cluster" in results:
         s = results["shoal-cluster"]["wall"]
         for peer in ("vllm-lockstep", "shoal-lockstep"):

@@ -10,6 +10,13 @@ MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worke
            "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
 
+# The environment of a node that is not a worker but shares a host's cores with workers:
+# one BLAS / OpenMP thread. At their defaults an index search's BLAS threads spin on
+# every core after each call and stall the workers' OpenMP teams (measured: W3 through a
+# local cluster 20% slower than the same work in one process).
+SHARED_CORE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict | None = None,
                prefix: list[str] | None = None, die_with_parent: bool = False) -> tuple[subprocess.Popen, str]:
     """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its

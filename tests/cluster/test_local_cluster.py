@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +75,10 @@ def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers, monkeyp
         if workers == 1:
             send_bad_messages_to_every_node(cluster)
             check_input_by_path(client, tmp_path)
+            # Nodes beside the workers run one BLAS / OpenMP thread; workers keep theirs.
+            for name, want in (("storage-0", b"OPENBLAS_NUM_THREADS=1"), ("scheduler-0", b"OMP_NUM_THREADS=1")):
+                assert want in Path(f"/proc/{cluster.process(name).pid}/environ").read_bytes().split(b"\0"), name
+            assert b"OMP_NUM_THREADS=1" not in Path(f"/proc/{cluster.process('worker-0').pid}/environ").read_bytes().split(b"\0")
         results = job.wait(timeout=180)
         status = job.status()
         assert (status["state"], status["done"], status["failed"]) == ("done", 31, 1) and status["tokens_per_s"] > 0
