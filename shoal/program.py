@@ -56,19 +56,26 @@ class Generate:
 
 
 @dataclass(frozen=True)
-class Embed:
-    """Embed texts with the worker's encoder; the result is one vector per text."""
+class _TextsOperation:
+    """An operation on a list of texts (Embed, Tokenize)."""
 
     texts: tuple[str, ...]
-    kind = "embed"
+    kind = ""
 
     def __post_init__(self):
         if isinstance(self.texts, str):
-            raise RequestError("Embed takes a list of texts, not one string")
+            raise RequestError(f"{type(self).__name__} takes a list of texts, not one string")
         object.__setattr__(self, "texts", tuple(self.texts))
 
     def to_dict(self) -> dict:
         return {"op": self.kind, "texts": list(self.texts)}
+
+
+@dataclass(frozen=True)
+class Embed(_TextsOperation):
+    """Embed texts with the worker's encoder; the result is one vector per text."""
+
+    kind = "embed"
 
 
 @dataclass(frozen=True)
@@ -86,21 +93,12 @@ class Retrieve:
 
 
 @dataclass(frozen=True)
-class Tokenize:
+class Tokenize(_TextsOperation):
     """Token ids of texts under the worker's decoder tokenizer, without special tokens:
     what a program needs to build token prompts (cut a context to its last N tokens,
     put ids in front). Answered at once, on the worker, with no model call."""
 
-    texts: tuple[str, ...]
     kind = "tokenize"
-
-    def __post_init__(self):
-        if isinstance(self.texts, str):
-            raise RequestError("Tokenize takes a list of texts, not one string")
-        object.__setattr__(self, "texts", tuple(self.texts))
-
-    def to_dict(self) -> dict:
-        return {"op": self.kind, "texts": list(self.texts)}
 
 
 Operation = Generate | Embed | Retrieve | Tokenize

@@ -247,13 +247,7 @@ struct PrefillTile {
         }
       }
     }
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t rh = r * G + g;
-        const float inv = 1.f / l[rh];
-        float* dst = out + ((row0 + i0 + r) * H + h * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = acc[rh * D + d] * inv;
-      }
+    shoal::write_tile_rows(acc.data(), l.data(), out, row0 + i0, R, H, h, G, D);
   }
 };
 

@@ -21,6 +21,8 @@
 #include <limits>
 #include <vector>
 
+#include "vec_io.h"
+
 #if defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 
@@ -151,13 +153,7 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
         for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc.data() + (rh0 + b) * D + c * 16, o[b][c]);
     }
   }
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t rh = r * G + g;
-      const float inv = 1.f / l[rh];
-      float* dst = out + ((row0 + i0 + r) * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = acc[rh * D + d] * inv;
-    }
+  shoal::write_tile_rows(acc.data(), l.data(), out, row0 + i0, R, H, h, G, D);
 }
 
 template <typename F>

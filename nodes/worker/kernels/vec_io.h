@@ -10,6 +10,19 @@
 
 namespace shoal {
 
+// A finished attention tile: row-head r * G + g of `acc` (D floats each) divided by its
+// softmax sum `l`, to query row first_row + r, head h * G + g, of out [T, H, D].
+inline void write_tile_rows(const float* acc, const float* l, float* out, int64_t first_row, int64_t R, int64_t H,
+                            int64_t h, int64_t G, int64_t D) {
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t rh = r * G + g;
+      const float inv = 1.f / l[rh];
+      float* dst = out + ((first_row + r) * H + h * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = acc[rh * D + d] * inv;
+    }
+}
+
 using Vec = at::vec::Vectorized<float>;
 constexpr int VS = Vec::size();
 
