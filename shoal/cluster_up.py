@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from shoal.cluster_file import ClusterFile
-from shoal.node_process import SHARED_CORE_ENV, spawn_node, terminate_pids
+from shoal.node_process import spawn_node, terminate_pids
 
 
 def cluster_up(cf: ClusterFile, host_name: str) -> dict:
@@ -38,9 +38,7 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                 if role == "worker":
                     args += ["--model", cf.model, "--dtype", cf.dtype]
                     args += [f"--allow-programs={p}" for p in cf.allow_programs]
-                shares_cores = role != "worker" and "worker" in host.roles
-                proc, address = spawn_node(role, name, args, home / "logs",
-                                           {**SHARED_CORE_ENV, **(env or {})} if shares_cores else env)
+                proc, address = spawn_node(role, name, args, home / "logs", env, beside_workers="worker" in host.roles)
                 started["pids"].append(proc.pid)
                 started["addresses"][name] = address
                 if role == "router":

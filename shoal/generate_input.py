@@ -69,20 +69,6 @@ def check_item_sampling(rec: dict, where: str) -> dict:
     return own
 
 
-def _built_in_item_check(program: str):
-    """The item check of a built-in program that has one: its items are refused when
-    the job is submitted, not when a worker reaches them."""
-    if program == "ircot":
-        from shoal.ircot import check_item
-
-        return check_item
-    if program == "w3":
-        from shoal.examples.w3 import check_item
-
-        return check_item
-    return None
-
-
 class ItemChecker:
     """Checks records one by one, remembering ids to refuse duplicates. Items of the
     `generate` program are checked field by field; those of other programs need an id
@@ -102,7 +88,9 @@ class ItemChecker:
             return self.check(rec, where, place).to_record()
         self._check_size(rec, where)
         self._check_id(rec, where, place)
-        check = _built_in_item_check(self.program)
+        from shoal.program import built_in_item_check
+
+        check = built_in_item_check(self.program)
         problem = check(rec, where) if check else None
         if problem:
             raise InputError(problem)

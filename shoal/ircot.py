@@ -40,7 +40,7 @@ def _thought_tokens(lengths, hop: int) -> int:
     return lengths[min(hop, len(lengths) - 1)] if isinstance(lengths, list) else lengths
 
 
-@program("ircot")
+@program("ircot", check_item=check_item)
 def ircot(item: dict, max_hops: int = 3, k: int = 4, thought_tokens: int = 32, index: str = "default",
           marker: str = ANSWER_MARKER, passage_chars: int = 300, max_context_chars: int = 3000, stop=("\n", ". "),
           ignore_eos: bool = False, trace: bool = False):

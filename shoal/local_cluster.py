@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from shoal.etcd_server import EtcdServer
-from shoal.node_process import SHARED_CORE_ENV, spawn_node, terminate_pids
+from shoal.node_process import spawn_node, terminate_pids
 
 
 class LocalCluster:
@@ -72,11 +72,8 @@ class LocalCluster:
             args = [*args, f"--bind=tcp://{self.host}:0"]
         if self.insecure:
             args = [*args, "--insecure"]
-        env = self.env if env is None else env
-        role = name.split("-")[0]
-        if role != "worker":  # it shares this machine's cores with the workers
-            env = {**SHARED_CORE_ENV, **(env or {})}
-        proc, address = spawn_node(role, name, args[1:], self.dir / "logs", env, prefix, self.die_with_parent)
+        proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs",
+                                   self.env if env is None else env, prefix, self.die_with_parent, beside_workers=True)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
         self.prefixes[name] = prefix

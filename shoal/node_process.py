@@ -18,15 +18,20 @@ SHARED_CORE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM
 
 
 def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict | None = None,
-               prefix: list[str] | None = None, die_with_parent: bool = False) -> tuple[subprocess.Popen, str]:
+               prefix: list[str] | None = None, die_with_parent: bool = False,
+               beside_workers: bool = False) -> tuple[subprocess.Popen, str]:
     """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its
     log in log_dir/NAME.log and `env` added to this environment; returns the process
     and the address it serves on. `prefix` wraps the command (e.g. `ip netns exec NS`
     to run the node on a host of its own); `die_with_parent` ends the node when this
-    process ends, however it ends (`parent_bound.py`)."""
+    process ends, however it ends (`parent_bound.py`); `beside_workers`: the host also
+    runs workers, so a node of another role gets SHARED_CORE_ENV under `env`."""
     import os
 
     from shoal.parent_bound import command
+
+    if beside_workers and role != "worker":
+        env = {**SHARED_CORE_ENV, **(env or {})}
 
     cmd = [sys.executable, "-m", MODULES[role], *args]
     log_dir.mkdir(parents=True, exist_ok=True)

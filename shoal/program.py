@@ -144,21 +144,30 @@ class ProgramSpec:
     name: str
     fn: Callable
     version: str = "1"
+    # check_item(record, where) -> what is wrong with an item, or None: a built-in
+    # program's items are refused when the job is submitted, not when a worker runs them.
+    check_item: Callable | None = None
 
 
 _REGISTRY: dict[str, ProgramSpec] = {}
 
 
-def program(name: str, version: str = "1"):
+def program(name: str, version: str = "1", check_item: Callable | None = None):
     """Registers a generator function as a program under `name`. Bump `version` when
     its operations change: state recorded by another version is not resumed by it."""
 
     def register(fn: Callable) -> Callable:
-        fn.shoal_program = ProgramSpec(name, fn, version)
+        fn.shoal_program = ProgramSpec(name, fn, version, check_item)
         _REGISTRY[name] = fn.shoal_program
         return fn
 
     return register
+
+
+def built_in_item_check(name: str) -> Callable | None:
+    """The item check of a built-in program, if it has one."""
+    spec = _REGISTRY.get(name)
+    return spec.check_item if spec else None
 
 
 def check_program_name(name: str) -> None:

@@ -36,7 +36,7 @@ def check_item(rec: dict, where: str) -> str | None:
     return None
 
 
-@program("w3")
+@program("w3", check_item=check_item)
 def w3(item: dict, k: int = 4, window: int = 1500, bos: int = 101, index: str = "default"):
     """`bos` is the id the prompt starts with (101: [CLS] of BERT's WordPiece vocabulary,
     which the benchmark's decoder uses); `window`: the context's last tokens kept."""

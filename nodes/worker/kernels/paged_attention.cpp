@@ -25,6 +25,7 @@
 
 #include "vec_io.h"
 
+using shoal::dynamic_for;
 using shoal::Vec;
 using shoal::VS;
 using shoal::hmax;
@@ -36,17 +37,6 @@ constexpr int VREGS = 32;  // vector registers the compiler can keep values in
 #else
 constexpr int VREGS = 16;
 #endif
-
-// Runs `run(task)` for tasks [0, n) on torch's threads, each thread taking the next task
-// when it finishes one: tasks differ in cost (a causal chunk's later rows see more keys).
-template <typename F>
-static void dynamic_for(int64_t n, const F& run) {
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w)
-      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) run(t);
-  });
-}
 
 // A decode row: one query token, every head. Each key row is scored against the query
 // heads of its group while it sits in registers (a horizontal sum per score), and the

@@ -156,15 +156,6 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
   shoal::write_tile_rows(acc.data(), l.data(), out, row0 + i0, R, H, h, G, D);
 }
 
-template <typename F>
-void dynamic_tasks(int64_t n, const F& run) {
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w)
-      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) run(t);
-  });
-}
-
 }  // namespace
 
 bool prefill_bf16_supported(int64_t D) {
@@ -185,7 +176,7 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
   std::vector<Packed> packed(packs.size());
   const auto* kc = reinterpret_cast<const uint16_t*>(k_cache);
   const auto* vc = reinterpret_cast<const uint16_t*>(v_cache);
-  dynamic_tasks(packs.size(), [&](int64_t i) {
+  shoal::dynamic_for(packs.size(), [&](int64_t i) {
     const auto [s, h] = packs[i];
     pack(kc, vc, tables + s * max_blocks, ctx[s], h, KVH, D, bs, packed[i]);
   });
@@ -201,7 +192,7 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
     return ctx[sa] - lens[sa] + a.i0 > ctx[sb] - lens[sb] + b.i0;
   });
   const int64_t G = H / KVH;
-  dynamic_tasks(tasks.size(), [&](int64_t t) {
+  shoal::dynamic_for(tasks.size(), [&](int64_t t) {
     const auto [i, i0] = tasks[t];
     const auto [s, h] = packs[i];
     const int64_t R = std::min(ROWS, lens[s] - i0);

@@ -1,14 +1,28 @@
 // Vector loads and stores of fp32 or bf16 rows as fp32 vectors (ATen's Vectorized<float>,
 // built for the CPU capability kernels/__init__.py chose). A bf16 load widens in
 // registers; a bf16 store rounds to nearest even, as torch's conversion does (inputs are
-// finite). Shared by the attention kernel and the fused ops.
+// finite). Shared by the attention kernels and the fused ops, with the task loop and the
+// tile write-out both attention kernels use.
 #pragma once
+#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional_base.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
+#include <atomic>
 #include <cstring>
 
 namespace shoal {
+
+// Runs `run(task)` for tasks [0, n) on torch's threads, each thread taking the next task
+// when it finishes one: tasks differ in cost (a causal chunk's later rows see more keys).
+template <typename F>
+void dynamic_for(int64_t n, const F& run) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w)
+      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) run(t);
+  });
+}
 
 // A finished attention tile: row-head r * G + g of `acc` (D floats each) divided by its
 // softmax sum `l`, to query row first_row + r, head h * G + g, of out [T, H, D].
