@@ -1,8 +1,9 @@
 """The scheduler node: one active leader, elected through etcd; standbys wait.
 
-It owns the job table and where every sequence runs: it reads a job's items from
-storage in pages as workers have room, places them (`scheduler/placement.py`), and
-learns from the workers' batched progress reports which ones are stored.
+A thin shell around the scheduler core (`scheduler/core.py`), which makes every
+decision: this node turns messages and membership into the core's events, and carries
+out the commands it returns — reading inputs and SuperBatch plans from storage,
+assigning and moving sequences on workers, logging jobs.
 
 Nothing it knows is lost with it. The job table is logged on storage (`job_log.py`); a
 job's progress is its result log there (a page read with pending_only skips the items
@@ -22,7 +23,6 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import orjson
 
@@ -35,75 +35,15 @@ from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import by_size
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
-from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
-from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
-from shoal.scheduler.superbatch import pack
-
-EMBED = "embed"  # the program name of bulk embedding jobs: SuperBatches, not sequences
-DEFAULT_SUPERBATCHES_IN_FLIGHT = 2  # per worker: one encoding, one being read
+from shoal.scheduler import commands as cmd
+from shoal.scheduler.core import DEFAULT_SUPERBATCHES_IN_FLIGHT, SchedulerCore
+from shoal.scheduler.job import EMBED, Job
+from shoal.scheduler.worker_info import WorkerInfo
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_HELD = 256
-INPUT_PAGE = 512  # items per ReadInput
 INGEST_TIMEOUT_S = 300.0  # checking a large input file on storage takes a while
 CALL_TIMEOUT_S = DEFAULT_TIMEOUT_S
-
-
-@dataclass
-class Job:
-    """A job as the scheduler sees it. Its items stay on storage: the scheduler holds
-    only those pending (read, on no worker) and which worker holds which."""
-
-    job_id: str
-    job_key: str
-    program: str
-    params: dict  # the program's arguments (for `generate`: sampling parameters)
-    total: int
-    storage: str  # the storage node's address: inputs, results, the job log
-    state: str = "running"
-    cursor: int = 0  # next input position to read (pending items only)
-    pending: deque = field(default_factory=deque)  # assignments read but on no worker
-    pending_ids: set = field(default_factory=set)
-    placed: dict = field(default_factory=dict)  # seq_id -> worker id
-    done: int = 0  # results stored (storage's count at takeover + reports since)
-    tokens: int = 0
-    started: float = field(default_factory=time.monotonic)
-    finished_at: float | None = None
-    detail: dict = field(default_factory=dict)  # what ingest found (an embedding job's bad rows, ...)
-    superbatches: dict | None = None  # an embedding job's: id -> {id, slices, size}, once planned
-
-    @property
-    def embedding(self) -> bool:
-        return self.program == EMBED
-
-    def weight(self, sid) -> int:
-        """What finishing `sid` adds to `done`: a sequence counts 1, a SuperBatch its texts."""
-        if not self.embedding:
-            return 1
-        return (self.superbatches or {}).get(sid, {}).get("size", 0)
-
-    def record(self) -> dict:
-        return {"job_id": self.job_id, "job_key": self.job_key, "program": self.program, "params": self.params,
-                "total": self.total, "state": self.state, "detail": self.detail}
-
-    def status(self) -> dict:
-        elapsed = (self.finished_at or time.monotonic()) - self.started
-        return {"job_id": self.job_id, "state": self.state, "total": self.total, "done": self.done,
-                "tokens_per_s": self.tokens / max(elapsed, 1e-9), "detail": self.detail}
-
-    def assignment(self, item: dict, state: dict | None = None) -> dict:
-        # The item goes as it is: the job's program reads its fields on the worker. A
-        # sequence placed again goes with its last checkpoint, to restart from there.
-        a = {"seq_id": item["id"], "item": item}
-        if state:
-            a["state"] = state
-        return a
-
-    def rescan(self) -> None:
-        """Read the input again from the start (only items without results come back):
-        after a takeover or a lost worker, whatever nobody holds is found again."""
-        self.cursor = 0
 
 
 def job_id_for(job_key: str) -> str:
@@ -119,15 +59,9 @@ class SchedulerNode(Node):
         self.election = Election(etcd, cluster, node_id)
         self.view = MemberView(etcd, cluster).start()
         self.addresses = AddressBook(self.view)  # a node restarted at a new address is found again
-        self.jobs: dict[str, Job] = {}
+        self.core = SchedulerCore(steal=steal, superbatches_in_flight=superbatches_in_flight)
         self.ready_epoch = 0  # the epoch whose state this node has rebuilt; 0: none
-        self.held: dict[str, int] = {}  # worker -> sequences it holds (last report)
-        self.incarnations: dict[str, object] = {}  # worker -> the lease it registered under
         self.clients: dict[str, RpcClient] = {}
-        self.steal = steal
-        self.superbatches_in_flight = superbatches_in_flight
-        self.draining: set[str] = set()  # workers being emptied; they get no new work
-        self.moving: dict[str, float] = {}  # worker -> deadline of a move it is part of
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
 
     def _campaign(self) -> None:
@@ -163,10 +97,14 @@ class SchedulerNode(Node):
         return self.election.epoch
 
     def stats(self) -> dict:
-        jobs = {j.job_id: {"state": j.state, "total": j.total, "done": j.done, "pending": len(j.pending),
-                           "placed": len(j.placed)} for j in self.jobs.values()}
-        return {**super().stats(), "leader": self.election.is_leader(), "epoch": self.election.epoch, "jobs": jobs,
-                "held": dict(self.held)}
+        return {**super().stats(), "leader": self.election.is_leader(), "epoch": self.election.epoch,
+                **self.core.stats()}
+
+    def _job(self, job_id: str) -> Job:
+        job = self.core.jobs.get(job_id)
+        if job is None:
+            raise ProtocolError("unknown_job", f"no job {job_id}")
+        return job
 
     # -- talking to storage and workers ------------------------------------------------------------
 
@@ -192,6 +130,12 @@ class SchedulerNode(Node):
         except TimeoutError:
             raise ProtocolError("unavailable", f"{self.addresses.name(address)} did not answer {msg_type}") from None
 
+    def _worker_address(self, wid: str) -> str:
+        worker = self.view.snapshot("worker").get(wid)
+        if worker is None:
+            raise ProtocolError("unavailable", f"worker {wid} has left")
+        return worker.info["address"]
+
     def _log_job(self, job: Job) -> None:
         self._call(self._job_storage(job), "LogJob", {"epoch": self.election.epoch, "job": job.record()})
 
@@ -200,8 +144,8 @@ class SchedulerNode(Node):
     def on_submit(self, msg: Message):
         epoch = self._leader()
         job_id = job_id_for(msg["job_key"])
-        if job_id in self.jobs:
-            job = self.jobs[job_id]
+        job = self.core.jobs.get(job_id)
+        if job is not None:
             if msg["upload_id"]:  # a retried submit re-sent its upload: storage drops that copy
                 self._call(self._job_storage(job), "IngestInput", {"job_id": job_id, "upload_id": msg["upload_id"], "epoch": epoch},
                            INGEST_TIMEOUT_S)
@@ -222,9 +166,10 @@ class SchedulerNode(Node):
                                                      "program": msg["program"],
                                                      "input_path": msg["input_path"] or "", "epoch": epoch},
                            INGEST_TIMEOUT_S if large else CALL_TIMEOUT_S)
-        job = Job(job_id, msg["job_key"], msg["program"], dict(msg["params"]), ready["total"], storage)
+        job = Job(job_id, msg["job_key"], msg["program"], dict(msg["params"]), ready["total"], storage,
+                  started=time.monotonic())
         self._log_job(job)
-        self.jobs[job_id] = job
+        self.core.add_job(job)
         log.info("[job] %s (%s): %d sequences", job_id, msg["job_key"], job.total)
         return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total}, reply_to=msg.id)
 
@@ -244,10 +189,10 @@ class SchedulerNode(Node):
             "header": {"encoder": enc["fingerprint"], "encoder_name": enc.get("name", ""), "dim": enc["dim"],
                        "dtype": p.get("vector_dtype", "float32"), "packing": [p["b_min"], p["n_max"]]}},
             INGEST_TIMEOUT_S)
-        job = Job(job_id, msg["job_key"], EMBED, dict(p), ready["total"], storage)
+        job = Job(job_id, msg["job_key"], EMBED, dict(p), ready["total"], storage, started=time.monotonic())
         job.detail = {k: ready[k] for k in ("partitions", "skipped", "errors", "empty", "done")}
         self._log_job(job)
-        self.jobs[job_id] = job
+        self.core.add_job(job)
         log.info("[job] %s (%s): embed %d texts in %d partitions (%d already in the output)", job_id, msg["job_key"],
                  job.total, ready["partitions"], ready["done"])
         return encode("JobAccepted", {"job_id": job_id, "job_key": msg["job_key"], "total": job.total,
@@ -255,45 +200,22 @@ class SchedulerNode(Node):
 
     def on_progress(self, msg: Message):
         epoch = self._leader()
-        self.held[msg["node_id"]] = int(msg["stats"].get("held", 0))
-        job = self.jobs.get(msg["job_id"])
-        if job is not None:
-            new = 0
-            for sid in msg["finished"]:
-                if job.placed.pop(sid, None) is not None:
-                    new += job.weight(sid)
-                elif sid in job.pending_ids:  # finished elsewhere while waiting to be placed again
-                    job.pending_ids.discard(sid)
-                    job.pending = deque(a for a in job.pending if a["seq_id"] != sid)
-                    new += job.weight(sid)
-            job.done += new
-            if new:  # a re-sent report adds nothing
-                job.tokens += msg["tokens"]
-            for sid, node in msg["moved"]:
-                if job.placed.get(sid) == msg["node_id"]:  # not finished meanwhile
-                    job.placed[sid] = node
-            if msg["moved"]:
-                self.moving.pop(msg["node_id"], None)
+        self.core.progress(msg["node_id"], msg["job_id"], msg["finished"], msg["moved"],
+                           int(msg["stats"].get("held", 0)), msg["tokens"])
         return encode("ProgressAck", {"epoch": epoch}, reply_to=msg.id)
 
     def on_status(self, msg: Message):
         self._leader()
-        job = self.jobs.get(msg["job_id"])
-        if job is None:
-            raise ProtocolError("unknown_job", f"no job {msg['job_id']}")
-        return encode("JobStatus", job.status(), reply_to=msg.id)
+        return encode("JobStatus", self._job(msg["job_id"]).status(time.monotonic()), reply_to=msg.id)
 
     def on_cancel(self, msg: Message):
         self._leader()
-        job = self.jobs.get(msg["job_id"])
-        if job is None:
-            raise ProtocolError("unknown_job", f"no job {msg['job_id']}")
-        if job.state == "running":
-            job.state = "cancelled"
+        job = self._job(msg["job_id"])
+        was_running = job.running
+        self.core.cancel(job.job_id)
+        if was_running:
             self._log_job(job)
-        job.pending.clear()
-        job.pending_ids.clear()
-        return encode("JobStatus", job.status(), reply_to=msg.id)
+        return encode("JobStatus", job.status(time.monotonic()), reply_to=msg.id)
 
     def on_drain(self, msg: Message):
         """Stop placing work on a worker, move what it holds to the others (a little
@@ -304,79 +226,21 @@ class SchedulerNode(Node):
         if worker is None:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {wid!r} in the cluster")
         self._call(worker.info["address"], "DrainWorker", {"epoch": epoch})
-        self.draining.add(wid)
-        held = sum(1 for job in self.jobs.values() for w in job.placed.values() if w == wid)
+        held = self.core.drain(wid)
         log.info("[drain] %s: draining, %d sequences to move", wid, held)
         return encode("OpsAck", {"detail": {"node_id": wid, "held": held}}, reply_to=msg.id)
 
     def on_migrate_request(self, msg: Message):
         """Moves a job's sequences (all, or the listed ones) to one worker."""
-        epoch = self._leader()
-        job = self.jobs.get(msg["job_id"])
-        if job is None:
-            raise ProtocolError("unknown_job", f"no job {msg['job_id']}")
-        workers = self.view.snapshot("worker")
-        target = workers.get(msg["to_node"])
-        if target is None:
+        self._leader()
+        job = self._job(msg["job_id"])
+        if msg["to_node"] not in self.view.snapshot("worker"):
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {msg['to_node']!r} in the cluster")
-        wanted = set(msg["seq_ids"]) if msg["seq_ids"] else None
-        by_source: dict[str, list] = {}
-        for sid, wid in job.placed.items():
-            if wid != msg["to_node"] and (wanted is None or sid in wanted) and wid in workers:
-                by_source.setdefault(wid, []).append(sid)
-        for wid, sids in by_source.items():
-            self._call(workers[wid].info["address"], "MigrateSequences",
-                       {"epoch": epoch, "job_id": job.job_id, "to_node": msg["to_node"],
-                        "to_address": target.info["address"], "seq_ids": sids})
-        return encode("OpsAck", {"detail": {"moving": sum(map(len, by_source.values())),
-                                            "from": {w: len(s) for w, s in by_source.items()}}}, reply_to=msg.id)
-
-    def _held_by_worker(self) -> dict[str, dict[str, int]]:
-        """worker -> job -> sequences placed there (the scheduler's own table)."""
-        out: dict[str, dict[str, int]] = {}
-        for job in self.jobs.values():
-            if job.embedding:  # SuperBatches are few per worker and short: never moved
-                continue
-            for wid in job.placed.values():
-                per = out.setdefault(wid, {})
-                per[job.job_id] = per.get(job.job_id, 0) + 1
-        return out
-
-    def _rebalance(self, workers: dict) -> None:
-        """Drains, then work stealing once nothing waits to be placed."""
-        now = time.monotonic()
-        self.moving = {w: t for w, t in self.moving.items() if t > now}
-        self.draining &= set(workers)  # a drained worker has left
-        by_worker = self._held_by_worker()
-        held = {w: sum(by_worker.get(w, {}).values()) for w in workers}
-        cap = {w: int(workers[w].info.get("max_seqs", DEFAULT_MAX_HELD)) * 2 for w in workers}
-        moves: list[Move] = []
-        for wid in sorted(self.draining):
-            if wid not in self.moving and held[wid]:
-                moves += plan_drain(wid, held, cap, held[wid], exclude=self.draining | set(self.moving))
-        if self.steal and not moves:
-            pending = sum(len(j.pending) + (j.cursor < j.total) for j in self.jobs.values()
-                          if j.state == "running" and not j.embedding)
-            active = {w: n for w, n in held.items() if w not in self.draining}
-            moves = plan_steals(active, cap, pending, busy=set(self.moving))
+        moves = self.core.migrate(job.job_id, msg["to_node"], msg["seq_ids"])
         for m in moves:
-            self._send_move(m, workers, by_worker.get(m.source, {}))
-            self.moving[m.source] = self.moving[m.target] = now + 10.0
-
-    def _send_move(self, move: Move, workers: dict, jobs: dict[str, int]) -> None:
-        left = move.count
-        for job_id, n in sorted(jobs.items(), key=lambda kv: -kv[1]):
-            if left <= 0:
-                break
-            take = min(n, left)
-            try:
-                self._call(workers[move.source].info["address"], "MigrateSequences",
-                           {"epoch": self.election.epoch, "job_id": job_id, "to_node": move.target,
-                            "to_address": workers[move.target].info["address"], "count": take})
-                log.info("[move] %d sequences of %s: %s -> %s", take, job_id, move.source, move.target)
-            except ProtocolError as e:
-                log.warning("[move] %s -> %s failed: %s", move.source, move.target, e)
-            left -= take
+            self._execute(m, quiet=False)
+        return encode("OpsAck", {"detail": {"moving": sum(len(m.seq_ids) for m in moves),
+                                            "from": {m.source: len(m.seq_ids) for m in moves}}}, reply_to=msg.id)
 
     # -- takeover ----------------------------------------------------------------------------------
 
@@ -384,35 +248,33 @@ class SchedulerNode(Node):
         """Rebuilds the job table for this epoch: the job log from storage, what each
         worker holds. Until it has, requests get 'unavailable' and clients retry."""
         epoch = self.election.epoch
-        self.jobs, self.held = {}, {}
+        self.core.reset()
         storage = self._storage()
         listing = self._call(storage, "ListJobs", {"epoch": epoch}, 30.0)
         for rec in listing["jobs"]:
-            job = Job(rec["job_id"], rec["job_key"], rec["program"], rec["params"], rec["total"], storage, rec["state"])
+            job = Job(rec["job_id"], rec["job_key"], rec["program"], rec["params"], rec["total"], storage, rec["state"],
+                      started=time.monotonic())
             job.done, job.detail = rec["done"], rec.get("detail") or {}
-            self.jobs[job.job_id] = job
+            self.core.add_job(job)
         for wid, w in self.view.snapshot("worker").items():
             try:
                 holding = self._call(w.info["address"], "HoldingQuery", {"epoch": epoch, "report_to": self.advertise})
             except ProtocolError as e:
                 log.warning("[takeover] worker %s did not say what it holds (%s)", wid, e)
                 continue
-            self.incarnations[wid] = w.info.get("incarnation")
-            for job_id, sids in holding["jobs"].items():
-                if job_id in self.jobs:
-                    self.jobs[job_id].placed.update((sid, wid) for sid in sids)
-            self.held[wid] = sum(len(s) for s in holding["jobs"].values())
+            self.core.holding(WorkerInfo.from_member(wid, w.info), holding["jobs"])
         self.ready_epoch = epoch
-        running = [j for j in self.jobs.values() if j.state == "running"]
-        log.info("[takeover] epoch %d: %d jobs (%d running), %d sequences held by workers", epoch, len(self.jobs),
+        running = [j for j in self.core.jobs.values() if j.running]
+        log.info("[takeover] epoch %d: %d jobs (%d running), %d sequences held by workers", epoch, len(self.core.jobs),
                  len(running), sum(len(j.placed) for j in running))
 
-    # -- placement ---------------------------------------------------------------------------------
+    # -- the core's periodic decisions, carried out --------------------------------------------------
 
     def tick(self) -> None:
         if not self.election.is_leader():
             if self.ready_epoch:
-                self.ready_epoch, self.jobs = 0, {}  # a standby now: the next leader owns the table
+                self.ready_epoch = 0  # a standby now: the next leader owns the table
+                self.core.reset()
             return
         if self.ready_epoch != self.election.epoch:
             try:
@@ -422,54 +284,74 @@ class SchedulerNode(Node):
                 time.sleep(0.5)
             return
         workers = self.view.snapshot("worker")
-        reborn = set()  # workers that lost their lease and registered again: they hold nothing
-        for wid, w in workers.items():
-            inc = w.info.get("incarnation")
-            if self.incarnations.setdefault(wid, inc) != inc:
-                reborn.add(wid)
-                self.incarnations[wid], self.held[wid] = inc, 0
-                log.warning("[worker] %s came back as a new incarnation; its work is placed again", wid)
-        for job in self.jobs.values():
-            lost = [sid for sid, w in job.placed.items() if w not in workers or w in reborn]
-            for sid in lost:
-                del job.placed[sid]
-            if lost:  # the worker left: its items are found again by a rescan
-                log.warning("[job] %s: %d sequences of departed workers placed again", job.job_id, len(lost))
-                job.rescan()
-        capacity = sum(int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2 for w in workers.values())
-        placeable = {wid: w for wid, w in workers.items() if wid not in self.draining}
-        for job in self.jobs.values():
-            if job.state != "running":
-                continue
-            try:
-                if job.embedding:
-                    self._plan_superbatches(job)
-                    if job.pending and placeable:
-                        self._place_superbatches(job, placeable)
-                elif placeable:
-                    self._read_inputs(job, want=capacity)
-                    if job.pending:
-                        self._place(job, placeable)
-                self._finish_if_done(job)
-            except ProtocolError as e:
-                log.warning("[job] %s: %s; retrying", job.job_id, e)
-        if workers:
-            self._rebalance(workers)
+        self.core.update_workers({wid: WorkerInfo.from_member(wid, w.info) for wid, w in workers.items()})
+        todo = deque(self.core.tick(time.monotonic()))
+        while todo:  # a command's answer is an event that may return more commands
+            todo.extend(self._execute(todo.popleft()))
 
-    def _read_inputs(self, job: Job, want: int) -> None:
-        """Reads pages of the job's unfinished items until enough are pending to fill
-        the workers, skipping those already pending or placed."""
-        while len(job.pending) < want and job.cursor < job.total:
-            page = self._call(self._job_storage(job), "ReadInput", {"job_id": job.job_id, "offset": job.cursor,
-                                                         "limit": INPUT_PAGE, "pending_only": True})
-            checkpoints = page["checkpoints"] or [None] * len(page["items"])
-            for item, state in zip(page["items"], checkpoints):
-                if item["id"] not in job.placed and item["id"] not in job.pending_ids:
-                    job.pending.append(job.assignment(item, state))
-                    job.pending_ids.add(item["id"])
-            if page["next_offset"] <= job.cursor:
-                raise ProtocolError("internal", f"storage read no further than input position {job.cursor}")
-            job.cursor = page["next_offset"]
+    def _execute(self, c, quiet: bool = True) -> list:
+        """Carries out one command; returns the core's next commands. A failure is
+        logged (the core retries on a later tick) unless `quiet` is off."""
+        try:
+            return self._carry_out(c)
+        except (ProtocolError, ValueError) as e:
+            if not quiet:
+                raise ProtocolError(getattr(e, "code", ProtocolError.INVALID_FIELD), str(e)) from None
+            log.warning("[job] %s: %s failed (%s); retrying", c.job_id, type(c).__name__, e)
+            return []
+
+    def _carry_out(self, c) -> list:
+        core, epoch = self.core, self.election.epoch
+        job = core.jobs.get(c.job_id)
+        if job is None:
+            return []
+        if isinstance(c, cmd.ReadInput):
+            page = self._call(self._job_storage(job), "ReadInput", {"job_id": c.job_id, "offset": c.offset,
+                                                                   "limit": c.limit, "pending_only": True})
+            return core.input_read(c.job_id, page["items"], page["checkpoints"], page["next_offset"])
+        if isinstance(c, cmd.ReadSuperBatchPlan):
+            partitions = self._pages(job, "ReadPartitions", "partitions") if c.partitions else None
+            return core.superbatch_state(c.job_id, partitions, self._pages(job, "ReadManifest", "ids"))
+        if isinstance(c, cmd.AssignSequences):
+            # Items and checkpoints travel in the header: one message per ~512 KiB. If
+            # only the reply is lost they are pending again and may run twice: the worker
+            # drops an assignment it holds already, storage a second result.
+            for part in by_size(list(c.assignments), lambda a: len(orjson.dumps(a))):
+                try:
+                    self._call(self._worker_address(c.worker), "AssignSequences",
+                               {"epoch": epoch, "job_id": c.job_id, "sequences": part, "program": job.program,
+                                "args": job.params, "report_to": self.advertise, "storage": self._job_storage(job)})
+                except ProtocolError as e:
+                    log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(part), c.worker, e)
+                    core.assign_failed(cmd.AssignSequences(c.worker, c.job_id, tuple(part)))
+            return []
+        if isinstance(c, cmd.AssignSuperBatches):
+            try:
+                self._call(self._worker_address(c.worker), "AssignSuperBatches", {
+                    "epoch": epoch, "job_id": c.job_id, "storage": self._job_storage(job), "report_to": self.advertise,
+                    "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in c.superbatches],
+                    "encoder": job.params["encoder"]["fingerprint"],
+                    "vector_dtype": job.params.get("vector_dtype", "float32")})
+            except ProtocolError as e:
+                log.warning("[place] %d SuperBatches to %s failed (%s); they stay pending", len(c.superbatches),
+                            c.worker, e)
+                core.assign_failed(c)
+            return []
+        if isinstance(c, cmd.MigrateSequences):
+            fields = {"epoch": epoch, "job_id": c.job_id, "to_node": c.target,
+                      "to_address": self._worker_address(c.target)}
+            fields.update({"seq_ids": list(c.seq_ids)} if c.seq_ids is not None else {"count": c.count})
+            self._call(self._worker_address(c.source), "MigrateSequences", fields)
+            log.info("[move] %d sequences of %s: %s -> %s", len(c.seq_ids) if c.seq_ids else c.count, c.job_id,
+                     c.source, c.target)
+            return []
+        if isinstance(c, cmd.CountResults):
+            counts = self._call(self._job_storage(job), "ResultCountQuery", {"job_id": c.job_id})
+            return core.results_counted(c.job_id, counts["records"], time.monotonic())
+        if isinstance(c, cmd.LogJob):
+            self._log_job(job)
+            return []
+        raise TypeError(f"unknown command {c!r}")
 
     def _pages(self, job: Job, msg_type: str, key: str) -> list:
         out, offset = [], 0
@@ -479,121 +361,6 @@ class SchedulerNode(Node):
             if page["next_offset"] >= page["total"] or page["next_offset"] <= offset:
                 return out
             offset = page["next_offset"]
-
-    def _plan_superbatches(self, job: Job) -> None:
-        """Packs the job's SuperBatches (once: the partition list never changes) and
-        makes pending every one that the output does not hold and no worker has. Runs
-        again after a rescan (a lost worker, a takeover, a shortfall at the end)."""
-        if job.cursor >= job.total:
-            return
-        if job.superbatches is None:
-            partitions = self._pages(job, "ReadPartitions", "partitions")
-            try:
-                packed = pack([(name, size) for name, size in partitions], job.params["b_min"], job.params["n_max"])
-            except ValueError as e:
-                raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
-            job.superbatches = {sb.id: {"seq_id": sb.id, "slices": [[s.partition, s.start, s.end] for s in sb.slices],
-                                        "size": sb.size} for sb in packed}
-        done = set(self._pages(job, "ReadManifest", "ids"))
-        job.pending = deque(sb for sid, sb in job.superbatches.items() if sid not in done and sid not in job.placed)
-        job.pending_ids = {sb["seq_id"] for sb in job.pending}
-        job.cursor = job.total
-
-    def _place_superbatches(self, job: Job, workers: dict) -> None:
-        """Gives each worker that hosts the job's encoder SuperBatches up to the bound
-        in flight: the corpus streams through, never buffered whole anywhere."""
-        fingerprint = job.params["encoder"]["fingerprint"]
-        hosts = {wid: w for wid, w in workers.items() if w.info.get("encoder") == fingerprint}
-        if not hosts:
-            if not job.detail.get("waiting_for_encoder"):
-                log.warning("[job] %s: no worker hosts encoder %s (%s); waiting", job.job_id, fingerprint,
-                            job.params["encoder"].get("name"))
-                job.detail["waiting_for_encoder"] = True
-            return
-        job.detail.pop("waiting_for_encoder", None)
-        in_flight = {wid: 0 for wid in hosts}
-        for other in self.jobs.values():
-            if other.embedding:
-                for wid in other.placed.values():
-                    if wid in in_flight:
-                        in_flight[wid] += 1
-        for wid in sorted(hosts, key=lambda w: in_flight[w]):
-            room = self.superbatches_in_flight - in_flight[wid]
-            if room <= 0 or not job.pending:
-                continue
-            batch = [job.pending.popleft() for _ in range(min(room, len(job.pending)))]
-            try:
-                self._call(hosts[wid].info["address"], "AssignSuperBatches", {
-                    "epoch": self.election.epoch, "job_id": job.job_id, "storage": self._job_storage(job), "report_to": self.advertise,
-                    "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in batch],
-                    "encoder": fingerprint, "vector_dtype": job.params.get("vector_dtype", "float32")})
-            except ProtocolError as e:
-                log.warning("[place] %d SuperBatches to %s failed (%s); they stay pending", len(batch), wid, e)
-                job.pending.extendleft(reversed(batch))
-                continue
-            for sb in batch:
-                job.placed[sb["seq_id"]] = wid
-                job.pending_ids.discard(sb["seq_id"])
-
-    def _finish_if_done(self, job: Job) -> None:
-        """Done when nothing is left to read, pending or placed, and storage holds a
-        result for every item (else some item fell between: rescan for it)."""
-        if job.cursor < job.total or job.pending or job.placed:
-            return
-        counts = self._call(self._job_storage(job), "ResultCountQuery", {"job_id": job.job_id})
-        if counts["records"] < job.total:
-            job.rescan()
-            return
-        job.done, job.state, job.finished_at = counts["records"], "done", time.monotonic()
-        self._log_job(job)
-        log.info("[job] %s done in %.1fs", job.job_id, job.finished_at - job.started)
-
-    def _place(self, job: Job, workers: dict) -> None:
-        # A worker may hold twice its batch: the second half waits in its queue, so its
-        # engine never idles between a finish and the next assignment.
-        speeds = {wid: self._speed(w.info) for wid, w in workers.items()}
-        known = [v for v in speeds.values() if v is not None]
-        typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
-        loads = [WorkerLoad(w.node_id, int(w.info.get("kv_tokens", 1 << 30)), self.held.get(w.node_id, 0),
-                            int(w.info.get("max_seqs", DEFAULT_MAX_HELD)) * 2, speeds[wid] or typical,
-                            w.info.get("max_seq_tokens"))
-                 for wid, w in workers.items()]
-        by_id = {a["seq_id"]: a for a in job.pending}
-        placed, left = place([PendingSeq(sid, self._kv_need(a["item"], job.params)) for sid, a in by_id.items()], loads)
-        job.pending = deque(by_id[p.seq_id] for p in left)
-        for wid, sids in placed.items():
-            # Items and checkpoints travel in the header: one message per ~512 KiB.
-            for seqs in by_size([by_id[s] for s in sids], lambda a: len(orjson.dumps(a))):
-                part = [a["seq_id"] for a in seqs]
-                try:
-                    # If only the reply is lost they stay pending and may run twice: the
-                    # worker drops an assignment it holds already, storage a second result.
-                    self._call(workers[wid].info["address"], "AssignSequences",
-                               {"epoch": self.election.epoch, "job_id": job.job_id, "sequences": seqs,
-                                "program": job.program, "args": job.params,
-                                "report_to": self.advertise, "storage": self._job_storage(job)})
-                    job.placed.update((s, wid) for s in part)
-                    job.pending_ids.difference_update(part)
-                    self.held[wid] = self.held.get(wid, 0) + len(part)
-                except ProtocolError as e:
-                    log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(part), wid, e)
-                    job.pending.extend(seqs)
-
-    @staticmethod
-    def _speed(info: dict) -> float | None:
-        """Decode sequence-steps per second from the worker's published calibration (1/β_d)."""
-        cal = info.get("calibration") or {}
-        beta_d = cal.get("beta_d") or 0
-        return 1.0 / beta_d if beta_d > 0 else None
-
-    @staticmethod
-    def _kv_need(item: dict, params: dict) -> int:
-        """KV tokens an item will need, as far as its fields tell (a program with several
-        operations may need more; the worker's own admission has the last word)."""
-        ids, text = item.get("prompt_token_ids"), item.get("prompt")
-        prompt = len(ids) if isinstance(ids, list) else len(text) // 3 + 1 if isinstance(text, str) else 1
-        out = item.get("max_tokens") or params.get("max_tokens")
-        return prompt + (out if isinstance(out, int) and out > 0 else 64)  # a bad value fails on the worker
 
     def close(self) -> None:
         self.election.resign()

@@ -87,8 +87,13 @@ class SimResult:
 class SimWorker:
     """One simulated worker: the engine's bookkeeping without a model."""
 
-    def __init__(self, planner, time_model: StepTimeModel, num_blocks: int, block_size: int):
+    def __init__(self, planner, time_model: StepTimeModel, num_blocks: int, block_size: int,
+                 window: int | None = None):
         self.planner = planner
+        # The planner sees the first `window` waiting sequences (None: all). MB admits at
+        # most its max_num_seqs per step, so a window of that size changes nothing there
+        # and keeps a step's cost flat when thousands wait (a statically split job).
+        self.window = window
         self.time_model = time_model
         self.block_size = block_size
         self.free_blocks = num_blocks
@@ -101,12 +106,62 @@ class SimWorker:
     def add(self, seq: SimSeq) -> None:
         self.waiting.append(seq)
 
+    def remove(self, seq_id) -> SimSeq | None:
+        """Takes a sequence out (it moves to another worker); its blocks are freed."""
+        s = self.running.pop(seq_id, None)
+        if s is None:
+            s = next((w for w in self.waiting if w.seq_id == seq_id), None)
+            if s is None:
+                return None
+            self.waiting.remove(s)
+        self.free_blocks += s.blocks
+        s.blocks = 0
+        return s
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def fast_forward(self, horizon: float) -> int:
+        """Runs identical decode steps in one go while nothing can change the batch: every
+        running sequence decodes, none finishes, none can be admitted (nothing waits, or
+        the batch is full) and the blocks suffice. Stops before the first finish and once
+        the clock passes `horizon`. Returns the steps run (0: take a normal step)."""
+        run = self.running
+        if not run or any(s.computed < s.prompt_len for s in run.values()):
+            return 0
+        cfg = getattr(self.planner, "cfg", None)
+        if cfg is None or len(run) > cfg.max_num_batched_tokens:
+            return 0
+        if self.waiting and len(run) < cfg.max_num_seqs:
+            return 0
+        k = min(s.output_len - s.generated for s in run.values()) - 1
+        dt = self.time_model.step_time(0, len(run))
+        k = min(k, max(0, int((horizon - self.clock) / dt) + 1))
+        if k <= 0:
+            return 0
+        bs = self.block_size
+        need = sum(-(-(s.computed + k) // bs) - s.blocks for s in run.values())
+        if need > self.free_blocks:
+            return 0
+        for s in run.values():
+            s.computed += k
+            s.generated += k
+            grown = -(-s.computed // bs)
+            self.free_blocks -= grown - s.blocks
+            s.blocks = grown
+        self.clock += k * dt
+        self.steps += k
+        self.tokens += k * len(run)
+        return k
+
     def _view(self, s: SimSeq) -> SeqView:
         return SeqView(s.seq_id, s.num_tokens, s.computed, s.blocks, 0, s.prompt_len)
 
     def step(self) -> list[SimSeq]:
+        waiting = self.waiting if self.window is None else self.waiting[:self.window]
         plan = self.planner.plan([self._view(s) for s in self.running.values()],
-                                 [self._view(s) for s in self.waiting], self.free_blocks)
+                                 [self._view(s) for s in waiting], self.free_blocks)
         for sid in plan.preempted:
             s = self.running.pop(sid)
             self.free_blocks += s.blocks
@@ -114,7 +169,8 @@ class SimWorker:
             self.waiting.append(s)
         if plan.preempted:
             self.waiting.sort(key=lambda s: s.arrival)  # as the engine re-queues them
-        by_id = {s.seq_id: s for s in self.waiting}
+            waiting = self.waiting if self.window is None else self.waiting[:self.window + len(plan.preempted)]
+        by_id = {s.seq_id: s for s in waiting}
         prefill = decode = 0
         done = []
         for sid, n in plan.chunks:

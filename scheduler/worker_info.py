@@ -1,0 +1,32 @@
+"""A worker as the scheduler core sees it: what it published when it registered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_SEQS = 256
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    node_id: str
+    incarnation: object = None  # the lease it registered under: a new one holds nothing
+    max_seqs: int = DEFAULT_MAX_SEQS  # sequences its engine runs at once
+    kv_tokens: int = 1 << 30  # free KV tokens
+    max_seq_tokens: int | None = None  # the longest sequence it runs
+    speed: float | None = None  # decode sequence-steps per second (1/β_d); None: uncalibrated
+    encoder: str | None = None  # the fingerprint of the encoder it hosts
+
+    @property
+    def capacity(self) -> int:
+        """Sequences it may hold: twice its batch, so that the second half waits in its
+        queue and its engine never idles between a finish and the next assignment."""
+        return self.max_seqs * 2
+
+    @classmethod
+    def from_member(cls, node_id: str, info: dict) -> "WorkerInfo":
+        """From the record a worker registers in etcd."""
+        beta_d = (info.get("calibration") or {}).get("beta_d") or 0
+        return cls(node_id, info.get("incarnation"), int(info.get("max_seqs", DEFAULT_MAX_SEQS)),
+                   int(info.get("kv_tokens", 1 << 30)), info.get("max_seq_tokens"),
+                   1.0 / beta_d if beta_d > 0 else None, info.get("encoder"))
