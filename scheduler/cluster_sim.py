@@ -34,6 +34,7 @@ class SimOutcome:
     name: str
     bct: float  # batch completion time: submission to the last result
     ideal: float  # total work over the workers
+    floor: float  # the longest item alone
     finish_times: list  # sorted, one per item
     busy: list  # per bin: worker-seconds busy / (workers x bin)
     bin_s: float
@@ -71,6 +72,15 @@ def ideal_s(items: list[dict], specs: list[WorkerSpec]) -> float:
     return 1.0 / sum(1.0 / work_s(items, s) for s in specs)
 
 
+def floor_s(items: list[dict], specs: list[WorkerSpec]) -> float:
+    """The longest item alone on the fastest worker: no schedule finishes sooner."""
+    def alone(it: dict, c) -> float:
+        segs = it["segments"]
+        return (sum(c.alpha_p + p * c.beta_p + o * (c.alpha_d + c.beta_d) for p, o in segs)
+                + it.get("pause_s", 0.0) * (len(segs) - 1))
+    return max((min(alone(it, s.cost) for s in specs) for it in items), default=0.0)
+
+
 class ClusterSim:
     def __init__(self, specs: dict[str, WorkerSpec], tick_s: float = 0.5, link_bytes_per_s: float = 25e9,
                  moves: bool = True, losses: dict[str, float] | None = None, bin_s: float = 5.0):
@@ -88,7 +98,8 @@ class ClusterSim:
         storage.add_input(job_id, items)
         core.add_job(Job(job_id, job_id, "sim", {}, len(items), "memory"))
         nodes = {w: SimWorkerNode(w, spec) for w, spec in self.specs.items()}
-        out = SimOutcome(name, 0.0, ideal_s(items, list(self.specs.values())), [], [], self.bin_s)
+        out = SimOutcome(name, 0.0, ideal_s(items, list(self.specs.values())), floor_s(items, list(self.specs.values())),
+                         [], [], self.bin_s)
         finish_at: dict = {}  # seq_id -> when its first result was stored
         busy_bins: list[float] = []
         t = 0.0
@@ -151,29 +162,55 @@ class ClusterSim:
         bins[i] += busy_s / (workers * self.bin_s)
 
 
-def run_static(specs: dict[str, WorkerSpec], items: list[dict], bin_s: float = 5.0) -> SimOutcome:
-    """Items split evenly and contiguously over the workers up front, no moves."""
+def run_static(specs: dict[str, WorkerSpec], items: list[dict], bin_s: float = 5.0,
+               losses: dict[str, float] | None = None) -> SimOutcome:
+    """Items split evenly and contiguously over the workers up front, no moves. A worker
+    lost at a time in `losses` takes its unfinished share with it; that share is run
+    again from the start, as a failed shard is relaunched, on the worker that finishes
+    its own share first."""
+    losses = losses or {}
     n = len(specs)
-    out = SimOutcome("static", 0.0, ideal_s(items, list(specs.values())), [], [], bin_s)
-    start = 0
-    finish = []
-    curves = []
+    out = SimOutcome("static", 0.0, ideal_s(items, list(specs.values())), floor_s(items, list(specs.values())),
+                     [], [], bin_s)
+    start, finish, curves, orphans, done_at = 0, [], [], [], {}
     for i, (w, spec) in enumerate(specs.items()):
-        share = len(items) // n + (1 if i < len(items) % n else 0)
+        share = items[start:start + len(items) // n + (1 if i < len(items) % n else 0)]
+        start += len(share)
         node = SimWorkerNode(w, spec)
-        node.assign("job", [{"seq_id": it["id"], "item": it} for it in items[start:start + share]], 0.0)
-        start += share
-        busy = []
-        t = 0.0
-        while node.held:
-            before = node.busy_s
-            t += bin_s
-            node.advance(t)
-            busy.append(node.busy_s - before)
+        busy = _run_alone(node, share, 0.0, bin_s, until=losses.get(w, FAR))
+        if w in losses:
+            out.lost_workers += 1
+            finished = {sid for sid, t in node.finished.get("job", []) if t <= losses[w]}
+            orphans += [it for it in share if it["id"] not in finished]
+            node.finish_times = [t for t in node.finish_times if t <= losses[w]]
+        else:
+            done_at[w] = node.clock
         curves.append(busy)
+        finish += node.finish_times
+    if orphans:
+        if not done_at:
+            raise RuntimeError("every worker was lost")
+        w = min(done_at, key=done_at.get)
+        node = SimWorkerNode(w, specs[w])
+        t0 = done_at[w]
+        busy = _run_alone(node, orphans, t0, bin_s)
+        curves.append([0.0] * int(t0 // bin_s) + busy)
         finish += node.finish_times
     length = max((len(c) for c in curves), default=0)
     out.busy = [sum(c[i] for c in curves if i < len(c)) / (n * bin_s) for i in range(length)]
     out.finish_times = sorted(finish)
     out.bct = out.finish_times[-1] if finish else 0.0
     return out
+
+
+def _run_alone(node: SimWorkerNode, items: list[dict], t0: float, bin_s: float, until: float = FAR) -> list:
+    """Runs `items` on one worker from `t0` until they are done (or `until`); returns its
+    busy seconds per bin from `t0`."""
+    node.assign("job", [{"seq_id": it["id"], "item": it} for it in items], t0)
+    busy, t = [], t0
+    while node.held and t < until:
+        before = node.busy_s
+        t = min(t + bin_s, until)
+        node.advance(t)
+        busy.append(node.busy_s - before)
+    return busy

@@ -235,9 +235,15 @@ class SchedulerCore:
         typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
         loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), w.capacity, w.speed or typical, w.max_seq_tokens)
                  for wid, w in workers.items()]
-        by_id = {a["seq_id"]: a for a in job.pending}
+        # Each placement takes a slot: past the free slots nothing is placed this tick, so
+        # only that many of the pending are looked at (a tick's cost stays flat).
+        room = sum(max(0, w.max_held - w.held) for w in loads)
+        if room == 0:
+            return []
+        head = [job.pending.popleft() for _ in range(min(room, len(job.pending)))]
+        by_id = {a["seq_id"]: a for a in head}
         placed, left = place([PendingSeq(sid, kv_need(a["item"], job.params)) for sid, a in by_id.items()], loads)
-        job.pending = deque(by_id[p.seq_id] for p in left)
+        job.pending.extendleft(by_id[p.seq_id] for p in reversed(left))
         out = []
         for wid, sids in placed.items():
             job.placed.update((s, wid) for s in sids)

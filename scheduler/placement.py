@@ -12,6 +12,7 @@ for the next round, in order.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 
@@ -32,22 +33,41 @@ class PendingSeq:
 
 
 def place(pending: list[PendingSeq], workers: list[WorkerLoad]) -> tuple[dict[str, list], list]:
-    """Returns ({node_id: [seq_id, ...]}, still pending)."""
+    """Returns ({node_id: [seq_id, ...]}, still pending). Workers wait in a heap by the
+    time they would need for their queue plus one more (ties: more free KV, then id),
+    so placing P sequences over W workers costs O(P log W) unless KV is short."""
+    by_id = {w.node_id: w for w in workers}
     held = {w.node_id: w.held for w in workers}
     free = {w.node_id: w.free_kv_tokens for w in workers}
     out: dict[str, list] = {w.node_id: [] for w in workers}
     left = []
 
+    def key(w: WorkerLoad) -> tuple:
+        return (held[w.node_id] + 1) / max(w.speed, 1e-9), -free[w.node_id], w.node_id
+
     def need(seq: PendingSeq, w: WorkerLoad) -> int:
         return min(seq.kv_tokens, w.max_seq_tokens or w.free_kv_tokens)
 
+    heap = [key(w) for w in workers if held[w.node_id] < w.max_held]
+    heapq.heapify(heap)
     for seq in pending:
-        fits = [w for w in workers if held[w.node_id] < w.max_held and free[w.node_id] >= need(seq, w)]
-        if not fits:
+        skipped = []
+        while heap:
+            entry = heapq.heappop(heap)
+            if free[entry[2]] >= need(seq, by_id[entry[2]]):
+                break
+            skipped.append(entry)  # too little KV for this one; it may fit the next
+        else:
+            entry = None
+        for e in skipped:
+            heapq.heappush(heap, e)
+        if entry is None:
             left.append(seq)
             continue
-        best = min(fits, key=lambda w: ((held[w.node_id] + 1) / max(w.speed, 1e-9), -free[w.node_id], w.node_id))
-        out[best.node_id].append(seq.seq_id)
-        held[best.node_id] += 1
-        free[best.node_id] -= need(seq, best)
+        w = by_id[entry[2]]
+        out[w.node_id].append(seq.seq_id)
+        held[w.node_id] += 1
+        free[w.node_id] -= need(seq, w)
+        if held[w.node_id] < w.max_held:
+            heapq.heappush(heap, key(w))
     return {k: v for k, v in out.items() if v}, left

@@ -24,6 +24,9 @@ from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 from shoal.scheduler.worker_info import WorkerInfo
 
 
+NEW_PROGRAM = 1 << 40  # arrival offset of programs not yet started: they queue behind those under way
+
+
 @dataclass
 class HeldSeq:
     job_id: str
@@ -116,7 +119,12 @@ class SimWorkerNode:
         prompt = h.context + new_prompt + h.generated
         eid = self._next_engine_id
         self._next_engine_id += 1
-        self.engine.add(SimSeq(eid, prompt, out - h.generated, computed=min(h.cached, prompt), arrival=eid))
+        # A program that is under way (a later segment, or one moved here) is admitted
+        # before programs not yet started, as the worker's engine does: it finishes
+        # sooner, and its cached prefix is not left to be evicted while it waits.
+        started = h.segment > 0 or h.generated > 0 or h.cached > 0
+        order = eid if started else NEW_PROGRAM + eid
+        self.engine.add(SimSeq(eid, prompt, out - h.generated, computed=min(h.cached, prompt), arrival=order))
         h.engine_id, h.cached = eid, 0
         self.in_engine[eid] = key
 

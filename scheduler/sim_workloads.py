@@ -20,7 +20,7 @@ def uniform(n: int, seed: int = 0, prompt=(200, 600), output=(200, 400)) -> list
     return [_item(i, [[r.randint(*prompt), r.randint(*output)]]) for i in range(n)]
 
 
-def lognormal(n: int, seed: int = 0, median: int = 256, sigma: float = 1.5, cap: int = 16384,
+def lognormal(n: int, seed: int = 0, median: int = 256, sigma: float = 1.5, cap: int = 4096,
               prompt=(200, 600)) -> list[dict]:
     """Output lengths log-normal (median `median`, shape `sigma`), capped at `cap`."""
     r = random.Random(seed)
@@ -28,7 +28,7 @@ def lognormal(n: int, seed: int = 0, median: int = 256, sigma: float = 1.5, cap:
             for i in range(n)]
 
 
-def bimodal(n: int, seed: int = 0, long_share: float = 0.05, short=(32, 256), long=(4096, 16384),
+def bimodal(n: int, seed: int = 0, long_share: float = 0.05, short=(32, 256), long=(1024, 4096),
             prompt=(200, 600)) -> list[dict]:
     """Most outputs short, a few very long (reasoning traces among quick answers)."""
     r = random.Random(seed)

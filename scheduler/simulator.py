@@ -17,6 +17,7 @@ m(r) = β_p(1−r) + (β_d+γ)·r exceeds β_d exactly when r/(1−r) > (β_d �
 
 from __future__ import annotations
 
+import bisect
 import random
 from dataclasses import dataclass, field
 
@@ -104,7 +105,11 @@ class SimWorker:
         self.tokens = 0
 
     def add(self, seq: SimSeq) -> None:
-        self.waiting.append(seq)
+        """Queues a sequence by its `arrival` (the order the planner sees waiting ones in)."""
+        if self.waiting and self.waiting[-1].arrival > seq.arrival:
+            bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
+        else:
+            self.waiting.append(seq)
 
     def remove(self, seq_id) -> SimSeq | None:
         """Takes a sequence out (it moves to another worker); its blocks are freed."""

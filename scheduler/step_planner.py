@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: built for every sequence every step, and frozen costs 4x to build
 class SeqView:
     seq_id: Hashable
     num_tokens: int  # prompt + output tokens known

@@ -16,7 +16,7 @@ Prints, per workload, each side's batch completion time, its ratio to the ideal 
 static, the time of the last 5% of items and the mean utilization; writes a PNG of the
 utilization over time when matplotlib is installed.
 
-    python scripts/bench_cluster_sim.py                 # 128 H200 workers
+    python scripts/bench_cluster_sim.py --hetero --loss  # 128 H200 workers (and mixes)
     python scripts/bench_cluster_sim.py --workers 16 --items-per-worker 64
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -46,10 +47,12 @@ def workloads(n: int, seed: int) -> dict[str, list[dict]]:
     }
 
 
-def run_workload(name: str, items: list[dict], specs: dict, args) -> list[SimOutcome]:
-    sims = [("static", lambda: run_static(specs, items)),
-            ("shoal", lambda: ClusterSim(specs, link_bytes_per_s=args.link_gbps * 1e9 / 8).run(items, "shoal")),
-            ("shoal-no-moves", lambda: ClusterSim(specs, moves=False).run(items, "shoal-no-moves"))]
+def run_workload(name: str, items: list[dict], specs: dict, args, losses: dict | None = None) -> list[SimOutcome]:
+    link = args.link_gbps * 1e9 / 8
+    sims = [("static", lambda: run_static(specs, items, losses=losses)),
+            ("shoal", lambda: ClusterSim(specs, link_bytes_per_s=link, losses=losses).run(items, "shoal")),
+            ("shoal-no-moves", lambda: ClusterSim(specs, link_bytes_per_s=link, moves=False, losses=losses)
+             .run(items, "shoal-no-moves"))]
     out = []
     for side, sim in sims:
         t = time.perf_counter()
@@ -57,7 +60,8 @@ def run_workload(name: str, items: list[dict], specs: dict, args) -> list[SimOut
         r.notes["sim_s"] = time.perf_counter() - t
         out.append(r)
     static = out[0]
-    print(f"\n{name}: {len(items)} items, ideal {static.ideal:.1f} s")
+    print(f"\n{name}: {len(items)} items, ideal {static.ideal:.1f} s (total work / workers), "
+          f"floor {static.floor:.1f} s (the longest item alone)")
     for r in out:
         print(f"  {r.name:>15}: {r.bct:8.1f} s  {r.vs_ideal:5.2f}x ideal  static/this {static.bct / r.bct:5.2f}x  "
               f"last 5% {r.tail_s:7.1f} s  utilization {100 * r.utilization:3.0f}%  moves {r.moves} ({r.moved} seqs, "
@@ -95,11 +99,13 @@ def main() -> None:
     ap.add_argument("--items-per-worker", type=int, default=256)
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--hetero", action="store_true", help="also half H200, half RTX PRO 6000 on the lognormal workload")
+    ap.add_argument("--loss", action="store_true", help="also the lognormal workload with a worker lost halfway")
     ap.add_argument("--link-gbps", type=float, default=200.0, help="per-worker link for KV moves (Gbit/s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--png", default="cluster_sim.png")
     ap.add_argument("--json")
     args = ap.parse_args()
+    logging.getLogger("shoal.scheduler.core").setLevel(logging.ERROR)  # a lost worker's warnings, once per run
     n = args.workers * args.items_per_worker
     specs = {f"w{i:03d}": H200 for i in range(args.workers)}
     print(f"{args.workers} simulated H200 workers (Qwen3-8B calibration, 256 sequences per step), "
@@ -110,6 +116,11 @@ def main() -> None:
         if wanted and name not in wanted:
             continue
         results[name] = run_workload(name, items, specs, args)
+    if args.loss:
+        items = wl.lognormal(n, args.seed)
+        at = run_static(specs, items).ideal / 2
+        results["lognormal, a worker lost"] = run_workload(
+            f"lognormal, one worker lost (kill -9) at {at:.0f} s", items, specs, args, losses={"w000": at})
     if args.hetero:
         mixed = {w: (H200 if i % 2 == 0 else RTX6000) for i, w in enumerate(specs)}
         results["lognormal, H200 + RTX PRO 6000"] = run_workload(

@@ -31,6 +31,11 @@ from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig, SeqVi
 log = logging.getLogger(__name__)
 
 
+def queue_order(seq: Sequence) -> tuple:
+    """Where a sequence waits: programs under way first, then by arrival."""
+    return (not seq.under_way, seq.arrival)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # "auto": the checkpoint's dtype where the device computes it natively, else float32
@@ -151,7 +156,7 @@ class LLMEngine:
         self.planner = MixedBatchPlanner(self.planner_config())
         self.seqs: dict[object, Sequence] = {}
         self.running: list[Sequence] = []  # admission order
-        self.waiting: list[Sequence] = []  # arrival order
+        self.waiting: list[Sequence] = []  # in queue_order
         # Fault injection for tests (`SHOAL_FAULTS` park_at): sampling id -> tokens after
         # which a sequence is set aside (kept with its KV, never scheduled) until it is
         # exported or aborted. An imported sequence is parked only at a later position.
@@ -234,9 +239,12 @@ class LLMEngine:
     # -- requests --------------------------------------------------------------------
 
     def add_request(self, seq_id, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
-                    params: SamplingParams = SamplingParams(), op_index: int = 0, sampling_id=None) -> None:
+                    params: SamplingParams = SamplingParams(), op_index: int = 0, sampling_id=None,
+                    under_way: bool = False) -> None:
         """Queues a sequence. Raises RequestError, naming the sequence, for bad input;
-        the engine's other sequences are unaffected."""
+        the engine's other sequences are unaffected. `under_way`: the next generation of
+        a program that has generated before; it waits ahead of programs not yet started
+        (it finishes a program sooner, and its cached prefix is not left to be evicted)."""
         if seq_id in self.seqs:
             raise RequestError(f"sequence {seq_id!r}: already in the engine")
         try:
@@ -250,7 +258,7 @@ class LLMEngine:
         ids = list(prompt_token_ids)
         self._check_prompt(seq_id, ids)
         seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens,
-                       sampling_id=sampling_id)
+                       sampling_id=sampling_id, under_way=under_way)
         self._enqueue(seq)
         self._park_if_asked(seq)
 
@@ -276,7 +284,7 @@ class LLMEngine:
         seq.arrival = self._arrivals
         self._arrivals += 1
         self.seqs[seq.seq_id] = seq
-        self.waiting.append(seq)
+        bisect.insort(self.waiting, seq, key=queue_order)
 
     def abort(self, seq_id) -> None:
         seq = self.seqs.pop(seq_id, None)
@@ -416,7 +424,7 @@ class LLMEngine:
         seq.block_table = []
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
-        bisect.insort(self.waiting, seq, key=lambda s: s.arrival)
+        bisect.insort(self.waiting, seq, key=queue_order)
         self.stats.preemptions += 1
         log.debug("[preempt] %s at %d tokens", seq.seq_id, seq.num_tokens)
 
@@ -562,7 +570,7 @@ class LLMEngine:
         seq = Sequence(sid, list(state.prompt_token_ids), params, op_index=state.op_index,
                        output_token_ids=list(state.output_token_ids), margins=list(state.margins),
                        draws=list(state.draws),
-                       max_total_tokens=self.max_total_tokens, sampling_id=state.sampling_id)
+                       max_total_tokens=self.max_total_tokens, sampling_id=state.sampling_id, under_way=True)
         self._check_prompt(sid, seq.prompt_token_ids + seq.output_token_ids)
         kv = self._decode_kv(state) if state.kv is not None and state.num_computed else None
         if kv is not None and state.num_computed >= seq.num_tokens:

@@ -155,7 +155,8 @@ class ProgramRunner:
         if isinstance(out, Generate):
             try:
                 self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=out.prompt_token_ids,
-                                        params=out.params, op_index=self.coros[key].op_index, sampling_id=sid)
+                                        params=out.params, op_index=self.coros[key].op_index, sampling_id=sid,
+                                        under_way=self.tokens.get(key, 0) > 0)
             except Exception as e:  # bad parameters (wrong types too) fail this sequence only
                 return self._fail(key, _message(sid, e))
             return []

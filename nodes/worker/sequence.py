@@ -32,6 +32,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of every full block of tokens
     arrival: int = 0
+    under_way: bool = False  # its program has generated before (or moved here): admitted before new ones
     finish_reason: str | None = None
     margins: list[float] = field(default_factory=list)
     draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] per sampled token (sampler.Draw)

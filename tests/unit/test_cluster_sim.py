@@ -81,3 +81,13 @@ def test_a_move_takes_queued_then_paused_then_running():
     assert order == [2, 0, 1]
     report = node.report()
     assert report[0][2] == [[2, "w1"], [0, "w1"], [1, "w1"]]
+
+
+def test_a_static_split_relaunches_a_lost_shard_and_shoal_does_not_wait_for_it():
+    items = wl.uniform(4 * 96, seed=5)
+    clean = run_static(specs(4), items)
+    static = run_static(specs(4), items, losses={"w2": clean.bct / 2})
+    shoal = ClusterSim(specs(4), losses={"w2": clean.bct / 2}).run(items)
+    assert len(static.finish_times) == len(shoal.finish_times) == len(items)
+    assert static.bct > 1.3 * clean.bct  # the lost half of a share runs again after the others
+    assert shoal.bct < static.bct
