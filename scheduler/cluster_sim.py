@@ -69,7 +69,9 @@ def work_s(items: list[dict], spec: WorkerSpec) -> float:
 
 
 def ideal_s(items: list[dict], specs: list[WorkerSpec]) -> float:
-    return 1.0 / sum(1.0 / work_s(items, s) for s in specs)
+    kinds = {id(s): s for s in specs}  # workers of a kind share a spec: price the items once per kind
+    work = {k: work_s(items, s) for k, s in kinds.items()}
+    return 1.0 / sum(1.0 / work[id(s)] for s in specs)
 
 
 def floor_s(items: list[dict], specs: list[WorkerSpec]) -> float:
@@ -78,7 +80,8 @@ def floor_s(items: list[dict], specs: list[WorkerSpec]) -> float:
         segs = it["segments"]
         return (sum(c.alpha_p + p * c.beta_p + o * (c.alpha_d + c.beta_d) for p, o in segs)
                 + it.get("pause_s", 0.0) * (len(segs) - 1))
-    return max((min(alone(it, s.cost) for s in specs) for it in items), default=0.0)
+    costs = list({id(s.cost): s.cost for s in specs}.values())
+    return max((min(alone(it, c) for c in costs) for it in items), default=0.0)
 
 
 class ClusterSim:

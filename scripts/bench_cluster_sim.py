@@ -81,7 +81,8 @@ def plot(results: dict[str, list[SimOutcome]], path: str) -> None:
     fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.4 * len(results)), squeeze=False)
     for ax, (name, outs) in zip(axes[:, 0], results.items()):
         for r in outs:
-            ax.plot([r.bin_s * (i + 0.5) for i in range(len(r.busy))], [100 * b for b in r.busy],
+            # (a step is counted in the tick it starts in, so a bin can read a little over 100%)
+            ax.plot([r.bin_s * (i + 0.5) for i in range(len(r.busy))], [min(100.0, 100 * b) for b in r.busy],
                     label=f"{r.name} ({r.bct:.0f} s)")
         ax.set_title(name, fontsize=9)
         ax.set_ylabel("busy %")
