@@ -45,6 +45,7 @@ class SchedulerCore:
         self.incarnations: dict[str, object] = {}  # worker -> the lease it registered under
         self.draining: set[str] = set()  # workers being emptied: they get no new work
         self.moving: dict[str, float] = {}  # worker -> deadline of a move it is part of
+        self._fastest: float | None = None  # the fastest worker's speed (sequence-steps/s)
         self.now = 0.0
 
     # -- jobs --------------------------------------------------------------------------------------
@@ -129,6 +130,7 @@ class SchedulerCore:
         for wid in set(self.held) - set(workers):
             del self.held[wid]
         self.workers = dict(workers)
+        self._fastest = max((w.speed for w in workers.values() if w.speed), default=None)
         self.draining &= set(workers)  # a drained worker has left
 
     def progress(self, worker: str, job_id: str, finished: list, moved: list, held: int, tokens: int) -> None:
@@ -209,6 +211,16 @@ class SchedulerCore:
             out += self._rebalance()
         return out
 
+    def _capacity(self, w: WorkerInfo) -> int:
+        """Sequences a worker may hold: its batch, and a queue behind it so that its
+        engine never idles between a finish and the next assignment. The queue is a
+        batch's worth on the fastest worker and shrinks with speed, so every queue holds
+        about the same seconds of work: a slower card left with a full queue at the end
+        of a job would finish it last (uncalibrated workers count as the fastest)."""
+        fastest = self._fastest
+        share = min(1.0, w.speed / fastest) if fastest and w.speed else 1.0
+        return w.max_seqs + max(1, round(w.max_seqs * share))
+
     def _placeable(self) -> dict[str, WorkerInfo]:
         return {wid: w for wid, w in self.workers.items() if wid not in self.draining}
 
@@ -222,7 +234,7 @@ class SchedulerCore:
                 return [ReadSuperBatchPlan(job.job_id, partitions=job.superbatches is None)]
             out = self._place_superbatches(job, placeable) if job.pending and placeable else []
         else:
-            want = sum(w.capacity for w in self.workers.values())
+            want = sum(self._capacity(w) for w in self.workers.values())
             if placeable and len(job.pending) < want and not job.fully_read:
                 return [ReadInput(job.job_id, job.cursor, self.input_page)]
             out = self._place(job, placeable) if job.pending and placeable else []
@@ -233,7 +245,8 @@ class SchedulerCore:
     def _place(self, job: Job, workers: dict[str, WorkerInfo]) -> list[AssignSequences]:
         known = [w.speed for w in workers.values() if w.speed is not None]
         typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
-        loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), w.capacity, w.speed or typical, w.max_seq_tokens)
+        loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), self._capacity(w), w.speed or typical,
+                            w.max_seq_tokens)
                  for wid, w in workers.items()]
         # Each placement takes a slot: past the free slots nothing is placed this tick, so
         # only that many of the pending are looked at (a tick's cost stays flat).
@@ -298,7 +311,7 @@ class SchedulerCore:
         self.moving = {w: t for w, t in self.moving.items() if t > self.now}
         by_worker = self._held_by_worker()
         held = {w: sum(by_worker.get(w, {}).values()) for w in self.workers}
-        cap = {w: info.capacity for w, info in self.workers.items()}
+        cap = {w: self._capacity(info) for w, info in self.workers.items()}
         moves: list[Move] = []
         for wid in sorted(self.draining):
             if wid not in self.moving and held[wid]:

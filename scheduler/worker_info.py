@@ -17,12 +17,6 @@ class WorkerInfo:
     speed: float | None = None  # decode sequence-steps per second (1/β_d); None: uncalibrated
     encoder: str | None = None  # the fingerprint of the encoder it hosts
 
-    @property
-    def capacity(self) -> int:
-        """Sequences it may hold: twice its batch, so that the second half waits in its
-        queue and its engine never idles between a finish and the next assignment."""
-        return self.max_seqs * 2
-
     @classmethod
     def from_member(cls, node_id: str, info: dict) -> "WorkerInfo":
         """From the record a worker registers in etcd."""

@@ -92,13 +92,15 @@ class LocalCluster:
         return args
 
     def add_worker(self, name: str, host: str | None = None, prefix: list[str] | None = None,
-                   timeout: float = 120) -> str:
+                   timeout: float = 120, extra_args: list[str] | None = None) -> str:
         """Starts one more worker on the running cluster and waits until it registers;
         `host` is the address it listens on, `prefix` wraps its command (`ip netns exec
-        NS` puts it on a network host of its own). Returns its address."""
+        NS` puts it on a network host of its own), `extra_args` come after the cluster's
+        worker arguments (and so override them). Returns its address."""
         from shoal.nodes.membership import MemberView
 
-        address = self._spawn(name, [*self._worker_args(name), f"--bind=tcp://{host or self.host}:0"], prefix=prefix)
+        address = self._spawn(name, [*self._worker_args(name), f"--bind=tcp://{host or self.host}:0",
+                                     *(extra_args or [])], prefix=prefix)
         view = MemberView(self.etcd.endpoint, self.cluster).start()
         try:
             if not view.wait_for(lambda m: name in m, timeout):

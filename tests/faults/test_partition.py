@@ -30,7 +30,9 @@ def test_worker_cut_off_and_healed(tiny_model, tmp_path):
     items = workload()
     with NetnsHost() as net, shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb", env=FAST_RPC,
                                                 worker_args=WORKER_ARGS, host=net.outer_ip) as c:
-        cut_off = c.add_worker("worker-1", host=net.inner_ip, prefix=net.prefix)
+        # Tiny steps on the worker to be cut off: its share must still be running when the
+        # link goes down, or it may finish and deliver everything first and the cut bites nothing.
+        cut_off = c.add_worker("worker-1", host=net.inner_ip, prefix=net.prefix, extra_args=["--budget", "8"])
         view = MemberView(c.etcd.endpoint, c.cluster).start()
         before = view.snapshot("worker")["worker-1"].info["incarnation"]
         # Beyond loopback the cluster is CURVE-keyed: LocalCluster made its keys.

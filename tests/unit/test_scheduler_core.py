@@ -217,3 +217,15 @@ def test_superbatches_are_packed_once_and_bounded_per_worker():
             todo += storage.answer(core, c)
     assert [(c.worker, len(c.superbatches)) for c in sent] == [("w0", 2)]  # only the encoder's host; 2 in flight
     assert len(core.jobs["e"].superbatches) == 4 and len(core.jobs["e"].pending) == 2
+
+
+def test_a_slower_worker_queues_fewer_sequences():
+    """The queue behind a worker's batch holds the same seconds of work everywhere: a card
+    at half the speed queues half as many, so it is not left with a full queue at the end."""
+    h = Harness(n_items=40, workers=())
+    h.core.update_workers({"fast": worker("fast", max_seqs=8, speed=2.0), "slow": worker("slow", max_seqs=8, speed=1.0)})
+    h.tick()
+    assert len(h.placed_on("fast")) == 16  # batch 8 + queue 8
+    assert len(h.placed_on("slow")) == 12  # batch 8 + queue 4
+    h.core.update_workers({"a": worker("a", max_seqs=8), "b": worker("b", max_seqs=8)})  # uncalibrated: full queues
+    assert h.core._capacity(h.core.workers["a"]) == 16
