@@ -46,6 +46,9 @@ class SchedulerCore:
         self.draining: set[str] = set()  # workers being emptied: they get no new work
         self.moving: dict[str, float] = {}  # worker -> deadline of a move it is part of
         self._fastest: float | None = None  # the fastest worker's speed (sequence-steps/s)
+        # Some sequence may be placed on a worker missing from `workers` (a move reported to
+        # a target that had left, a takeover's holdings): the next update looks at them all.
+        self._unseen_holders = False
         self.now = 0.0
 
     # -- jobs --------------------------------------------------------------------------------------
@@ -120,13 +123,16 @@ class SchedulerCore:
                 reborn.add(wid)
                 self.incarnations[wid], self.held[wid] = w.incarnation, 0
                 log.warning("[worker] %s came back as a new incarnation; its work is placed again", wid)
-        for job in self.jobs.values():
-            lost = [sid for sid, w in job.placed.items() if w not in workers or w in reborn]
-            for sid in lost:
-                del job.placed[sid]
-            if lost:
-                log.warning("[job] %s: %d sequences of departed workers placed again", job.job_id, len(lost))
-                job.rescan()
+        # Every placed sequence is looked at only when a holder may be gone: not on each tick.
+        if reborn or self._unseen_holders or set(self.workers) - set(workers):
+            for job in self.jobs.values():
+                lost = [sid for sid, w in job.placed.items() if w not in workers or w in reborn]
+                for sid in lost:
+                    del job.placed[sid]
+                if lost:
+                    log.warning("[job] %s: %d sequences of departed workers placed again", job.job_id, len(lost))
+                    job.rescan()
+            self._unseen_holders = False
         for wid in set(self.held) - set(workers):
             del self.held[wid]
         self.workers = dict(workers)
@@ -152,6 +158,7 @@ class SchedulerCore:
         for sid, node in moved:
             if job.placed.get(sid) == worker:  # not finished meanwhile
                 job.placed[sid] = node
+                self._unseen_holders |= node not in self.workers
         if moved:
             self.moving.pop(worker, None)
 
@@ -173,6 +180,7 @@ class SchedulerCore:
     def holding(self, worker: WorkerInfo, jobs: dict[str, list]) -> None:
         """After a takeover: what a worker says it holds, job by job."""
         self.incarnations[worker.node_id] = worker.incarnation
+        self._unseen_holders |= worker.node_id not in self.workers
         for job_id, sids in jobs.items():
             if job_id in self.jobs:
                 self.jobs[job_id].placed.update((sid, worker.node_id) for sid in sids)

@@ -103,17 +103,18 @@ def run_shoal_cluster(args, work) -> dict:
     and one worker, all on this machine's cores): wall time from submit to the last
     result. The worker calibrates (or loads its calibration) before the clock starts."""
     import shoal
+    from cluster_stats import worker_stats
     from workloads import job_items
 
     worker_args = ["--budget", str(args.budget)] if args.budget else []
     with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy, worker_threads=args.threads,
                             worker_args=worker_args) as cluster:
         client = shoal.Client(cluster.router)
-        before = worker_engine_stats(cluster)
+        before = worker_stats(cluster)["engine"]
         t = time.perf_counter()
         results = client.submit(job_items(work), params={"ignore_eos": True}).wait()
         wall = time.perf_counter() - t
-        after = worker_engine_stats(cluster)
+        after = worker_stats(cluster)["engine"]
         client.close()
     failed = [r for r in results if r.get("error")]
     if failed:
@@ -125,16 +126,6 @@ def run_shoal_cluster(args, work) -> dict:
     return {"wall": wall, "output_tokens": sum(len(r["token_ids"]) for r in results), "steps": engine["steps"],
             "engine_s": engine["time_model"] + engine["time_sample"] + engine["time_plan"],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
-
-
-def worker_engine_stats(cluster) -> dict:
-    from shoal.rpc import RpcClient
-
-    rpc = RpcClient(cluster.nodes["worker-0"][2])
-    try:
-        return rpc.request("StatsQuery", {}, timeout=10)["stats"]["engine"]
-    finally:
-        rpc.close()
 
 
 def run_transformers(args, work) -> dict:

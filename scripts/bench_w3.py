@@ -199,18 +199,9 @@ def run_shoal_lockstep(data: Path, n: int) -> dict:
 # -- Shoal through a local cluster ---------------------------------------------------------
 
 
-def worker_stats(cluster) -> dict:
-    from shoal.rpc import RpcClient
-
-    rpc = RpcClient(cluster.nodes["worker-0"][2])
-    try:
-        return rpc.request("StatsQuery", {}, timeout=10)["stats"]
-    finally:
-        rpc.close()
-
-
 def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
     import shoal
+    from cluster_stats import worker_stats
 
     meta = json.loads((data / "w3.json").read_text())
     items = read_jsonl(data / "questions.jsonl")[:n]

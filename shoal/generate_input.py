@@ -81,6 +81,9 @@ class ItemChecker:
         self.max_item_bytes = max_item_bytes
         self.max_context = max_context
         self.seen: dict = {}
+        from shoal.program import built_in_item_check  # loads the built-in programs: only when checking
+
+        self.item_check = built_in_item_check(program)  # None for a program without one
 
     def record(self, rec, where: str, place: int) -> dict:
         """The item as it is stored for its job."""
@@ -88,10 +91,7 @@ class ItemChecker:
             return self.check(rec, where, place).to_record()
         self._check_size(rec, where)
         self._check_id(rec, where, place)
-        from shoal.program import built_in_item_check
-
-        check = built_in_item_check(self.program)
-        problem = check(rec, where) if check else None
+        problem = self.item_check(rec, where) if self.item_check else None
         if problem:
             raise InputError(problem)
         if not isinstance(rec.get("args", {}), dict):

@@ -229,3 +229,17 @@ def test_a_slower_worker_queues_fewer_sequences():
     assert len(h.placed_on("slow")) == 12  # batch 8 + queue 4
     h.core.update_workers({"a": worker("a", max_seqs=8), "b": worker("b", max_seqs=8)})  # uncalibrated: full queues
     assert h.core._capacity(h.core.workers["a"]) == 16
+
+
+def test_a_move_reported_after_its_target_left_is_placed_again():
+    h = Harness(n_items=16, workers=("w0", "w1"), max_seqs=8)
+    h.tick()
+    h.finish("w1", h.placed_on("w1"))
+    h.tick()  # w0 -> w1
+    h.core.update_workers({"w0": worker("w0")})  # the target leaves first...
+    moving = h.placed_on("w0")[:4]
+    h.core.progress("w0", "j", [], [[s, "w1"] for s in moving], 4, 0)  # ...then the move is reported
+    h.core.update_workers({"w0": worker("w0")})  # the same members: still the holders are checked
+    assert not h.placed_on("w1") and h.job.cursor == 0
+    h.tick()
+    assert set(moving) <= set(h.placed_on("w0"))
