@@ -82,14 +82,17 @@ def list_members(endpoint: str, cluster: str, timeout: float = 5.0) -> list[Memb
 class Registration:
     """This node's membership record and the lease behind it."""
 
-    def __init__(self, endpoint: str, cluster: str, role: str, node_id: str, info: dict, ttl: int = 3):
+    def __init__(self, endpoint: str, cluster: str, role: str, node_id: str, info: dict, ttl: int = 3,
+                 client=None):
+        """`client`: an etcd client to share (a process hosting many simulated nodes);
+        by default this registration opens its own."""
         if ttl < 2:
             raise ValueError("etcd grants leases of at least 2 s")
         self.endpoint, self.cluster, self.role, self.node_id = endpoint, cluster, role, node_id
         self.info = info
         self.ttl = ttl
         self.key = members_prefix(cluster, role) + node_id
-        self.client = connect(endpoint)
+        self.client = client or connect(endpoint)
         self.lease = None
         self.deadline = 0.0
         self._stop = threading.Event()
@@ -172,6 +175,7 @@ class MemberView:
         self.changed = threading.Condition(self.lock)
         self._watch_id = None
         self.relists = 0
+        self.version = 0  # counts changes: a reader can tell its copy is still current
         self._stopped = False
 
     def start(self) -> "MemberView":
@@ -183,6 +187,7 @@ class MemberView:
         members = {kv.key.decode(): _member(kv.key, kv.value) for kv in resp.kvs}
         with self.lock:
             self.members = members
+            self.version += 1
             self.changed.notify_all()
         self.relists += 1
         if self._watch_id is not None:
@@ -207,6 +212,7 @@ class MemberView:
                     self.members.pop(key, None)
                 else:
                     self.members[key] = _member(ev.key, ev.value)
+            self.version += 1
             self.changed.notify_all()
         self._notify()
 

@@ -37,6 +37,9 @@ class Node:
         self.max_message_bytes = max_message_bytes
         self.counters: collections.Counter = collections.Counter()
         self.started = time.time()
+        self.outbox = None  # an `Outbox` for requests this node sends without waiting
+        self.received_at = 0.0  # when the batch of requests being handled arrived
+        self._poller = None
         self.handlers = {"Hello": self.on_hello, "Ping": self.on_ping, "StatsQuery": self.on_stats,
                          **self.handler_table()}
         self._stop = threading.Event()
@@ -124,9 +127,14 @@ class Node:
             return self.failed(msg, e)
 
     def poll_once(self, timeout_ms: int) -> list[tuple[bytes, list]]:
-        """Receives every request waiting now (after up to timeout_ms for the first)."""
+        """Receives every request waiting now (after up to timeout_ms for the first).
+        A node with an outbox (requests it sent without waiting) takes their replies
+        here too, and sends again what timed out."""
+        if self.outbox is not None:
+            return self._poll_with_outbox(timeout_ms)
         got = []
         if self.sock.poll(timeout_ms):
+            self.received_at = time.monotonic()
             while True:
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -134,6 +142,30 @@ class Node:
                     break
                 got.append((frames[0].bytes, [f.buffer for f in frames[1:]]))
         return got
+
+    def _poll_with_outbox(self, timeout_ms: int) -> list[tuple[bytes, list]]:
+        own = sockets.raw(self.sock)
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            self._poller.register(own, zmq.POLLIN)
+        for sock in self.outbox.new_sockets:
+            self._poller.register(sockets.raw(sock), zmq.POLLIN)
+        self.outbox.new_sockets.clear()
+        ready = dict(self._poller.poll(timeout_ms))
+        for sock in ready:
+            if sock is not own:
+                self.outbox.take_replies(sock)
+        self.outbox.resend_due(time.monotonic())
+        if own not in ready:
+            return []
+        self.received_at = time.monotonic()
+        got = []
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return got
+            got.append((frames[0].bytes, [f.buffer for f in frames[1:]]))
 
     def send(self, identity: bytes, frames: list) -> None:
         try:

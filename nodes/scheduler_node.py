@@ -23,13 +23,16 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import orjson
 
+from shoal.nodes.latency_histogram import LatencyHistogram
 from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.membership import MemberView
 from shoal.nodes.node import Node, node_arg_parser, parse_node_args, run_node, start_logging
+from shoal.nodes.outbox import Outbox, Request
 from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -44,6 +47,14 @@ log = logging.getLogger(__name__)
 
 INGEST_TIMEOUT_S = 300.0  # checking a large input file on storage takes a while
 CALL_TIMEOUT_S = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class Takeover:
+    """A rebuild of the job table under way: the workers still to say what they hold."""
+    epoch: int
+    started: float
+    waiting: set
 
 
 def job_id_for(job_key: str) -> str:
@@ -61,7 +72,17 @@ class SchedulerNode(Node):
         self.addresses = AddressBook(self.view)  # a node restarted at a new address is found again
         self.core = SchedulerCore(steal=steal, superbatches_in_flight=superbatches_in_flight)
         self.ready_epoch = 0  # the epoch whose state this node has rebuilt; 0: none
+        self.takeover: Takeover | None = None  # the rebuild under way
+        self.takeover_s = 0.0  # how long the last one took
+        self._workers: tuple[int, dict] = (-1, {})  # (membership version, WorkerInfo by id)
+        # Decision latency: from a progress report that freed slots arriving to the next
+        # assignment to that worker leaving (stats: decision_hist, latency_histogram.py).
+        self.reported_at: dict[str, float] = {}
+        self.decision = LatencyHistogram()
         self.clients: dict[str, RpcClient] = {}
+        # Commands to workers go out without waiting for their acks: one slow worker
+        # does not hold up the loop that answers the others' progress reports.
+        self.outbox = Outbox(self.ctx)
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
 
     def _campaign(self) -> None:
@@ -98,7 +119,8 @@ class SchedulerNode(Node):
 
     def stats(self) -> dict:
         return {**super().stats(), "leader": self.election.is_leader(), "epoch": self.election.epoch,
-                **self.core.stats()}
+                "takeover_s": self.takeover_s, "unacknowledged": len(self.outbox),
+                "decision_hist": self.decision.snapshot(), **self.core.stats()}
 
     def _job(self, job_id: str) -> Job:
         job = self.core.jobs.get(job_id)
@@ -129,6 +151,25 @@ class SchedulerNode(Node):
             raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
             raise ProtocolError("unavailable", f"{self.addresses.name(address)} did not answer {msg_type}") from None
+
+    def _to_worker(self, wid: str, msg_type: str, fields: dict, failed=None) -> None:
+        """Sends a command to a worker without waiting; `failed()` runs if the worker
+        refuses it, leaves, or does not answer twice — unless leadership changed since
+        (the next leader owns the table)."""
+        epoch = self.election.epoch
+
+        def address():
+            worker = self.view.snapshot("worker").get(wid)
+            return worker.info["address"] if worker is not None else None
+
+        def refused(reply) -> bool:
+            why = f"{reply['code']}: {reply['message']}" if reply is not None else "no answer, or it left"
+            log.warning("[command] %s to %s failed (%s)", msg_type, wid, why)
+            if failed is not None and self.ready_epoch == epoch and self.election.is_leader():
+                failed()
+            return True
+
+        self.outbox.send(Request(address, msg_type, fields, on_error=refused, max_tries=2))
 
     def _worker_address(self, wid: str) -> str:
         worker = self.view.snapshot("worker").get(wid)
@@ -202,6 +243,8 @@ class SchedulerNode(Node):
         epoch = self._leader()
         self.core.progress(msg["node_id"], msg["job_id"], msg["finished"], msg["moved"],
                            int(msg["stats"].get("held", 0)), msg["tokens"])
+        if msg["finished"]:  # slots freed: the time to the worker's next assignment is measured
+            self.reported_at.setdefault(msg["node_id"], self.received_at)
         return encode("ProgressAck", {"epoch": epoch}, reply_to=msg.id)
 
     def on_status(self, msg: Message):
@@ -238,69 +281,97 @@ class SchedulerNode(Node):
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {msg['to_node']!r} in the cluster")
         moves = self.core.migrate(job.job_id, msg["to_node"], msg["seq_ids"])
         for m in moves:
-            self._execute(m, quiet=False)
+            self._execute(m, quiet=False, wait=True)
         return encode("OpsAck", {"detail": {"moving": sum(len(m.seq_ids) for m in moves),
                                             "from": {m.source: len(m.seq_ids) for m in moves}}}, reply_to=msg.id)
 
     # -- takeover ----------------------------------------------------------------------------------
 
-    def _take_over(self) -> None:
-        """Rebuilds the job table for this epoch: the job log from storage, what each
-        worker holds. Until it has, requests get 'unavailable' and clients retry."""
+    def _begin_takeover(self) -> None:
+        """Rebuilds the job table for this epoch: the job log from storage, then what
+        each worker holds, asked of all at once (answers come in on later turns of the
+        loop). Until it is done, requests get 'unavailable' and clients retry."""
         epoch = self.election.epoch
         self.core.reset()
         storage = self._storage()
+        started = time.monotonic()
         listing = self._call(storage, "ListJobs", {"epoch": epoch}, 30.0)
         for rec in listing["jobs"]:
             job = Job(rec["job_id"], rec["job_key"], rec["program"], rec["params"], rec["total"], storage, rec["state"],
                       started=time.monotonic())
             job.done, job.detail = rec["done"], rec.get("detail") or {}
             self.core.add_job(job)
-        for wid, w in self.view.snapshot("worker").items():
-            try:
-                holding = self._call(w.info["address"], "HoldingQuery", {"epoch": epoch, "report_to": self.advertise})
-            except ProtocolError as e:
-                log.warning("[takeover] worker %s did not say what it holds (%s)", wid, e)
-                continue
-            self.core.holding(WorkerInfo.from_member(wid, w.info), holding["jobs"])
+        workers = self.view.snapshot("worker")
+        takeover = self.takeover = Takeover(epoch, started, set(workers))
+        for wid, w in workers.items():
+            def answered(reply, wid=wid, info=w.info):
+                if self.takeover is takeover:
+                    self.core.holding(WorkerInfo.from_member(wid, info), reply["jobs"])
+                    takeover.waiting.discard(wid)
+
+            def unanswered(reply, wid=wid) -> bool:
+                # Its sequences are found again by the rescan of every running job's input.
+                log.warning("[takeover] worker %s did not say what it holds (%s)", wid,
+                            f"{reply['code']}: {reply['message']}" if reply is not None else "no answer")
+                takeover.waiting.discard(wid)
+                return True
+
+            address = w.info["address"]
+            self.outbox.send(Request(lambda a=address: a, "HoldingQuery", {"epoch": epoch, "report_to": self.advertise},
+                                     answered, unanswered, max_tries=2))
+
+    def _finish_takeover(self) -> None:
+        epoch = self.takeover.epoch
         self.ready_epoch = epoch
+        self.takeover_s = time.monotonic() - self.takeover.started
+        self.takeover = None
         running = [j for j in self.core.jobs.values() if j.running]
-        log.info("[takeover] epoch %d: %d jobs (%d running), %d sequences held by workers", epoch, len(self.core.jobs),
-                 len(running), sum(len(j.placed) for j in running))
+        log.info("[takeover] epoch %d in %.2f s: %d jobs (%d running), %d sequences held by workers", epoch,
+                 self.takeover_s, len(self.core.jobs), len(running), sum(len(j.placed) for j in running))
 
     # -- the core's periodic decisions, carried out --------------------------------------------------
 
     def tick(self) -> None:
         if not self.election.is_leader():
-            if self.ready_epoch:
+            if self.ready_epoch or self.takeover is not None:
                 self.ready_epoch = 0  # a standby now: the next leader owns the table
+                self.takeover = None
                 self.core.reset()
             return
         if self.ready_epoch != self.election.epoch:
-            try:
-                self._take_over()
-            except ProtocolError as e:
-                log.warning("[takeover] not yet: %s", e)
-                time.sleep(0.5)
+            if self.takeover is None or self.takeover.epoch != self.election.epoch:
+                try:
+                    self._begin_takeover()
+                except ProtocolError as e:
+                    self.takeover = None
+                    log.warning("[takeover] not yet: %s", e)
+                    time.sleep(0.5)
+            elif not self.takeover.waiting:
+                self._finish_takeover()
             return
-        workers = self.view.snapshot("worker")
-        self.core.update_workers({wid: WorkerInfo.from_member(wid, w.info) for wid, w in workers.items()})
+        if self._workers[0] != self.view.version:  # rebuilt only when membership changed
+            version = self.view.version
+            self._workers = (version, {wid: WorkerInfo.from_member(wid, w.info)
+                                       for wid, w in self.view.snapshot("worker").items()})
+        self.core.update_workers(self._workers[1])
         todo = deque(self.core.tick(time.monotonic()))
         while todo:  # a command's answer is an event that may return more commands
             todo.extend(self._execute(todo.popleft()))
 
-    def _execute(self, c, quiet: bool = True) -> list:
+    def _execute(self, c, quiet: bool = True, wait: bool = False) -> list:
         """Carries out one command; returns the core's next commands. A failure is
-        logged (the core retries on a later tick) unless `quiet` is off."""
+        logged (the core retries on a later tick) unless `quiet` is off. Commands to
+        workers go out without waiting for their answer, unless `wait` (an operator's
+        request that should hear of a refusal)."""
         try:
-            return self._carry_out(c)
+            return self._carry_out(c, wait)
         except (ProtocolError, ValueError) as e:
             if not quiet:
                 raise ProtocolError(getattr(e, "code", ProtocolError.INVALID_FIELD), str(e)) from None
             log.warning("[job] %s: %s failed (%s); retrying", c.job_id, type(c).__name__, e)
             return []
 
-    def _carry_out(self, c) -> list:
+    def _carry_out(self, c, wait: bool = False) -> list:
         core, epoch = self.core, self.election.epoch
         job = core.jobs.get(c.job_id)
         if job is None:
@@ -316,32 +387,30 @@ class SchedulerNode(Node):
             # Items and checkpoints travel in the header: one message per ~512 KiB. If
             # only the reply is lost they are pending again and may run twice: the worker
             # drops an assignment it holds already, storage a second result.
+            if (at := self.reported_at.pop(c.worker, None)) is not None:
+                self.decision.add(time.monotonic() - at)
+            # A failed one is pending again (`assign_failed`).
             for part in by_size(list(c.assignments), lambda a: len(orjson.dumps(a))):
-                try:
-                    self._call(self._worker_address(c.worker), "AssignSequences",
-                               {"epoch": epoch, "job_id": c.job_id, "sequences": part, "program": job.program,
-                                "args": job.params, "report_to": self.advertise, "storage": self._job_storage(job)})
-                except ProtocolError as e:
-                    log.warning("[place] %d sequences to %s failed (%s); they stay pending", len(part), c.worker, e)
-                    core.assign_failed(cmd.AssignSequences(c.worker, c.job_id, tuple(part)))
+                self._to_worker(c.worker, "AssignSequences",
+                                {"epoch": epoch, "job_id": c.job_id, "sequences": part, "program": job.program,
+                                 "args": job.params, "report_to": self.advertise, "storage": self._job_storage(job)},
+                                lambda part=part: core.assign_failed(cmd.AssignSequences(c.worker, c.job_id, tuple(part))))
             return []
         if isinstance(c, cmd.AssignSuperBatches):
-            try:
-                self._call(self._worker_address(c.worker), "AssignSuperBatches", {
-                    "epoch": epoch, "job_id": c.job_id, "storage": self._job_storage(job), "report_to": self.advertise,
-                    "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in c.superbatches],
-                    "encoder": job.params["encoder"]["fingerprint"],
-                    "vector_dtype": job.params.get("vector_dtype", "float32")})
-            except ProtocolError as e:
-                log.warning("[place] %d SuperBatches to %s failed (%s); they stay pending", len(c.superbatches),
-                            c.worker, e)
-                core.assign_failed(c)
+            self._to_worker(c.worker, "AssignSuperBatches", {
+                "epoch": epoch, "job_id": c.job_id, "storage": self._job_storage(job), "report_to": self.advertise,
+                "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in c.superbatches],
+                "encoder": job.params["encoder"]["fingerprint"],
+                "vector_dtype": job.params.get("vector_dtype", "float32")}, lambda: core.assign_failed(c))
             return []
         if isinstance(c, cmd.MigrateSequences):
             fields = {"epoch": epoch, "job_id": c.job_id, "to_node": c.target,
                       "to_address": self._worker_address(c.target)}
             fields.update({"seq_ids": list(c.seq_ids)} if c.seq_ids is not None else {"count": c.count})
-            self._call(self._worker_address(c.source), "MigrateSequences", fields)
+            if wait:
+                self._call(self._worker_address(c.source), "MigrateSequences", fields)
+            else:  # one that fails expires in the core, which plans again
+                self._to_worker(c.source, "MigrateSequences", fields)
             log.info("[move] %d sequences of %s: %s -> %s", len(c.seq_ids) if c.seq_ids else c.count, c.job_id,
                      c.source, c.target)
             return []

@@ -83,6 +83,12 @@ def dealer(ctx: zmq.Context, connect: str, identity: bytes | None = None, keys=F
     return _faulty(sock, False)
 
 
+def raw(sock):
+    """The ZeroMQ socket itself, under a fault-injecting wrapper if there is one: what a
+    zmq.Poller can register (faults apply to sends; receiving from either is the same)."""
+    return getattr(sock, "_sock", sock)
+
+
 def close_context(ctx: zmq.Context) -> None:
     """Destroys a node's context with every socket in it (its authenticator first)."""
     curve.release(ctx)

@@ -46,6 +46,7 @@ class SchedulerCore:
         self.draining: set[str] = set()  # workers being emptied: they get no new work
         self.moving: dict[str, float] = {}  # worker -> deadline of a move it is part of
         self._fastest: float | None = None  # the fastest worker's speed (sequence-steps/s)
+        self._caps: dict[str, int] = {}  # worker -> sequences it may hold (`_capacity`)
         # Some sequence may be placed on a worker missing from `workers` (a move reported to
         # a target that had left, a takeover's holdings): the next update looks at them all.
         self._unseen_holders = False
@@ -135,8 +136,10 @@ class SchedulerCore:
             self._unseen_holders = False
         for wid in set(self.held) - set(workers):
             del self.held[wid]
-        self.workers = dict(workers)
-        self._fastest = max((w.speed for w in workers.values() if w.speed), default=None)
+        if workers != self.workers:
+            self.workers = dict(workers)
+            self._fastest = max((w.speed for w in workers.values() if w.speed), default=None)
+            self._caps = {wid: self._capacity(w) for wid, w in self.workers.items()}
         self.draining &= set(workers)  # a drained worker has left
 
     def progress(self, worker: str, job_id: str, finished: list, moved: list, held: int, tokens: int) -> None:
@@ -194,7 +197,7 @@ class SchedulerCore:
         """Stops placing work on a worker and moves what it holds to the others, a little
         every tick as they have room. Returns the sequences it holds."""
         self.draining.add(worker)
-        return sum(1 for job in self.jobs.values() for w in job.placed.values() if w == worker)
+        return sum(job.placed.per_worker.get(worker, 0) for job in self.jobs.values())
 
     def migrate(self, job_id: str, to_node: str, seq_ids: list | None) -> list[MigrateSequences]:
         """Moves a job's sequences (all, or the listed ones) to one worker."""
@@ -242,7 +245,7 @@ class SchedulerCore:
                 return [ReadSuperBatchPlan(job.job_id, partitions=job.superbatches is None)]
             out = self._place_superbatches(job, placeable) if job.pending and placeable else []
         else:
-            want = sum(self._capacity(w) for w in self.workers.values())
+            want = sum(self._caps.values())
             if placeable and len(job.pending) < want and not job.fully_read:
                 return [ReadInput(job.job_id, job.cursor, self.input_page)]
             out = self._place(job, placeable) if job.pending and placeable else []
@@ -253,7 +256,7 @@ class SchedulerCore:
     def _place(self, job: Job, workers: dict[str, WorkerInfo]) -> list[AssignSequences]:
         known = [w.speed for w in workers.values() if w.speed is not None]
         typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
-        loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), self._capacity(w), w.speed or typical,
+        loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), self._caps[wid], w.speed or typical,
                             w.max_seq_tokens)
                  for wid, w in workers.items()]
         # Each placement takes a slot: past the free slots nothing is placed this tick, so
@@ -288,9 +291,9 @@ class SchedulerCore:
         in_flight = {wid: 0 for wid in hosts}
         for other in self.jobs.values():
             if other.embedding:
-                for wid in other.placed.values():
+                for wid, n in other.placed.per_worker.items():
                     if wid in in_flight:
-                        in_flight[wid] += 1
+                        in_flight[wid] += n
         out = []
         for wid in sorted(hosts, key=lambda w: in_flight[w]):
             room = self.superbatches_in_flight - in_flight[wid]
@@ -309,9 +312,8 @@ class SchedulerCore:
         for job in self.jobs.values():
             if job.embedding:  # SuperBatches are few per worker and short: never moved
                 continue
-            for wid in job.placed.values():
-                per = out.setdefault(wid, {})
-                per[job.job_id] = per.get(job.job_id, 0) + 1
+            for wid, n in job.placed.per_worker.items():
+                out.setdefault(wid, {})[job.job_id] = n
         return out
 
     def _rebalance(self) -> list[MigrateSequences]:
@@ -319,7 +321,7 @@ class SchedulerCore:
         self.moving = {w: t for w, t in self.moving.items() if t > self.now}
         by_worker = self._held_by_worker()
         held = {w: sum(by_worker.get(w, {}).values()) for w in self.workers}
-        cap = {w: self._capacity(info) for w, info in self.workers.items()}
+        cap = self._caps
         moves: list[Move] = []
         for wid in sorted(self.draining):
             if wid not in self.moving and held[wid]:

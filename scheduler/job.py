@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from shoal.scheduler.placed_table import PlacedTable
+
 EMBED = "embed"  # the program name of bulk embedding jobs: SuperBatches, not sequences
 
 
@@ -26,7 +28,7 @@ class Job:
     cursor: int = 0  # next input position to read (pending items only)
     pending: deque = field(default_factory=deque)  # assignments read but on no worker
     pending_ids: set = field(default_factory=set)
-    placed: dict = field(default_factory=dict)  # seq_id -> worker id
+    placed: PlacedTable = field(default_factory=PlacedTable)  # seq_id -> worker id, counted per worker
     done: int = 0  # results stored (storage's count at takeover + reports since)
     tokens: int = 0
     started: float = 0.0

@@ -172,6 +172,11 @@ def cmd_nodes(args) -> int:
                      + (" DRAINING" if st.get("draining") else ""))
         if "jobs" in st:
             extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"
+            if sum(st.get("decision_hist") or []):
+                from shoal.nodes.latency_histogram import percentile
+
+                p50, p99 = (1e3 * percentile(st["decision_hist"], q) for q in (50, 99))
+                extra += f" decision latency p50 {p50:.1f} ms p99 {p99:.1f} ms"
         print(f"{m.role:<10} {m.node_id:<20} {m.info['address']:<26} messages {msgs} errors {errs}{extra}")
     return 0
 

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
-           "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
+           "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router",
+           "simhost": "shoal.nodes.sim_worker_host"}  # simhost: simulated workers (benchmarks)
 
 
 # The environment of a node that is not a worker but shares a host's cores with workers:

@@ -95,15 +95,18 @@ class RpcClient:
             raise TimeoutError(f"no reply from {self.address} within {timeout}s")
         return decode(self.sock.recv_multipart())
 
-    def _await(self, msg_id: str, deadline: float) -> Message | None:
+    def _await(self, msg_id: str, deadline: float, abandon=None) -> Message | None:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             # In slices, so that a failed handshake is reported at once, not at the deadline.
-            if not self.sock.poll(int(min(left, 0.5 if self._monitor else left) * 1000) + 1):
+            slice_s = min(left, 0.5 if self._monitor else left, 0.25 if abandon else left)
+            if not self.sock.poll(int(slice_s * 1000) + 1):
                 if (why := self.handshake_failure()) is not None:
                     raise HandshakeFailed(why)
+                if abandon is not None and abandon():
+                    return None
                 continue
             reply = decode(self.sock.recv_multipart())
             if reply.reply_to == msg_id:
@@ -111,9 +114,12 @@ class RpcClient:
             self.stale += 1
 
     def request(self, msg_type: str, fields: dict | None = None, blobs: dict | None = None,
-                timeout: float = DEFAULT_TIMEOUT_S, retries: int = 0, deadline: float | None = None) -> Message:
+                timeout: float = DEFAULT_TIMEOUT_S, retries: int = 0, deadline: float | None = None,
+                abandon=None) -> Message:
         """Sends a request and waits `timeout` for its reply, re-sending it up to
-        `retries` times (never past `deadline`, a time.monotonic() value, if given)."""
+        `retries` times (never past `deadline`, a time.monotonic() value, if given).
+        `abandon()`, asked while no reply has come, ends the wait early when it turns
+        true (TimeoutError): e.g. the request should now go elsewhere."""
         msg_id = new_message_id()
         frames = encode(msg_type, fields, blobs, msg_id=msg_id)
         waited, sent = 0.0, 0
@@ -124,7 +130,7 @@ class RpcClient:
             sent += 1  # the same id: a reply to any copy answers it
             t = time.monotonic()
             end = t + timeout if deadline is None else min(t + timeout, deadline)
-            reply = self._await(msg_id, end)
+            reply = self._await(msg_id, end, abandon)
             waited += time.monotonic() - t
             if reply is not None:
                 if reply.type == "Error":

@@ -470,7 +470,9 @@ class WorkerNode(Node):
             if not to:
                 return False
             try:
-                self._rpc(clients, to).request(msg_type, fields, timeout=WRITE_TIMEOUT_S)
+                # A new leader that takes over changes the address: stop waiting on the old one.
+                self._rpc(clients, to).request(msg_type, fields, timeout=WRITE_TIMEOUT_S,
+                                               abandon=lambda: address() != to)
                 return True
             except (TimeoutError, RemoteError, OSError) as e:
                 log.warning("[deliver] %s to %s not acknowledged (%s); retrying", what, to, e)

@@ -243,3 +243,21 @@ def test_a_move_reported_after_its_target_left_is_placed_again():
     assert not h.placed_on("w1") and h.job.cursor == 0
     h.tick()
     assert set(moving) <= set(h.placed_on("w0"))
+
+
+def test_placed_table_counts_follow_every_change():
+    from shoal.scheduler.placed_table import PlacedTable
+
+    t = PlacedTable([("a", "w1"), ("b", "w1")])
+    t["c"] = "w2"
+    t["a"] = "w2"  # moved
+    t.update({"d": "w3"})
+    assert t.pop("b") == "w1" and t.pop("zz", None) is None
+    del t["d"]
+    assert dict(t.per_worker) == {"w2": 2}
+    counted = {}
+    for w in t.values():
+        counted[w] = counted.get(w, 0) + 1
+    assert counted == dict(t.per_worker)
+    t.clear()
+    assert not t.per_worker
