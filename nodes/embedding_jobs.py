@@ -54,7 +54,7 @@ class EmbeddingJobs:
         except InputError as e:
             raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
         if corpus is None:
-            raise ProtocolError("unknown_job", f"job {job_id} has no stored corpus")
+            raise ProtocolError(ProtocolError.UNKNOWN_JOB, f"job {job_id} has no stored corpus")
         return corpus
 
     def output(self, job_id: str) -> EmbeddingOutput | None:
@@ -154,7 +154,7 @@ class EmbeddingJobs:
     def on_write(self, msg: Message):
         output = self.output(msg["job_id"])
         if output is None:
-            raise ProtocolError("unknown_job", f"job {msg['job_id']} has no embedding output")
+            raise ProtocolError(ProtocolError.UNKNOWN_JOB, f"job {msg['job_id']} has no embedding output")
         sb = msg["superbatch"]
         if not isinstance(sb.get("id"), str) or not isinstance(sb.get("slices"), list):
             raise ProtocolError(ProtocolError.INVALID_FIELD, "WriteEmbeddings.superbatch needs an id and slices")

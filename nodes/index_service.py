@@ -92,9 +92,9 @@ class IndexService:
         rec = self.loaded.get(msg["name"])
         shard = rec["shards"].get(msg["shard"]) if rec else None
         if shard is None:
-            raise ProtocolError("unknown_index", f"storage holds no shard {msg['shard']} of index {msg['name']!r}")
+            raise ProtocolError(ProtocolError.UNKNOWN_INDEX, f"storage holds no shard {msg['shard']} of index {msg['name']!r}")
         if msg["index_id"] and msg["index_id"] != rec["index_id"]:
-            raise ProtocolError("unknown_index", f"index {msg['name']!r} here is {rec['index_id']}, "
+            raise ProtocolError(ProtocolError.UNKNOWN_INDEX, f"index {msg['name']!r} here is {rec['index_id']}, "
                                 f"not {msg['index_id']}")
         dim, count = shard.meta["dim"], msg["count"]
         blob = msg.blobs["queries"]

@@ -114,7 +114,7 @@ class Node:
             return error_reply(e, about=msg.type, reply_to=msg.id)
         self.counters["errors.internal"] += 1  # a handler bug fails the request, not the node
         log.error("[%s %s] %s failed", self.role, self.node_id, msg.type, exc_info=e)
-        return error_reply(ProtocolError("internal", f"{type(e).__name__}: {e}"), about=msg.type, reply_to=msg.id)
+        return error_reply(ProtocolError(ProtocolError.INTERNAL, f"{type(e).__name__}: {e}"), about=msg.type, reply_to=msg.id)
 
     def dispatch(self, frames: list) -> list | None:
         """Reply frames for one request (without the routing identity)."""

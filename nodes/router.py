@@ -111,25 +111,25 @@ class RouterNode(AsyncNode):
             # Every request a router forwards is idempotent: one lost message is re-sent.
             return await self._client(address).request(msg.type, msg.fields, msg.blobs, timeout=timeout, retries=1)
         except RemoteError as e:
-            if e.code == "not_leader":  # etcd still names a leader that has stepped down
-                raise ProtocolError("unavailable", "the scheduler leadership is changing; retry") from None
+            if e.code == ProtocolError.NOT_LEADER:  # etcd still names a leader that has stepped down
+                raise ProtocolError(ProtocolError.UNAVAILABLE, "the scheduler leadership is changing; retry") from None
             raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
-            raise ProtocolError("unavailable", f"{self.addresses.name(address)} did not answer {msg.type}") from None
+            raise ProtocolError(ProtocolError.UNAVAILABLE, f"{self.addresses.name(address)} did not answer {msg.type}") from None
 
     async def _scheduler(self) -> str:
         leader, _ = await asyncio.to_thread(self.leader.current)  # an etcd read: off the loop
         member = self.view.snapshot("scheduler").get(leader) if leader else None
         if member is None:
             if not self.view.snapshot("scheduler"):
-                raise ProtocolError("unavailable", "no scheduler node in the cluster")
-            raise ProtocolError("unavailable", "no scheduler leader right now (an election is under way)")
+                raise ProtocolError(ProtocolError.UNAVAILABLE, "no scheduler node in the cluster")
+            raise ProtocolError(ProtocolError.UNAVAILABLE, "no scheduler leader right now (an election is under way)")
         return member.info["address"]
 
     def _storage(self) -> str:
         address = self.view.storage_address()
         if address is None:
-            raise ProtocolError("unavailable", "no storage node in the cluster")
+            raise ProtocolError(ProtocolError.UNAVAILABLE, "no storage node in the cluster")
         return address
 
     async def on_submit(self, msg: Message):

@@ -65,12 +65,12 @@ class SimWorkerEndpoint(Node):
     def _fence(self, epoch: int) -> None:
         if epoch < self.epoch:
             self.counters["errors.stale_epoch"] += 1
-            raise ProtocolError("stale_epoch", f"epoch {epoch} is older than the current leader's epoch {self.epoch}")
+            raise ProtocolError(ProtocolError.STALE_EPOCH, f"epoch {epoch} is older than the current leader's epoch {self.epoch}")
         self.epoch = epoch
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
-            raise ProtocolError("draining", f"worker {self.node_id} is draining and takes no new work")
+            raise ProtocolError(ProtocolError.DRAINING, f"worker {self.node_id} is draining and takes no new work")
 
     def _queue(self, job_id: str, seqs: list) -> int:
         held = self.held.setdefault(job_id, set())

@@ -89,7 +89,7 @@ class StorageNode(Node):
             self.job_log.check_epoch(epoch)
         except StaleEpoch as e:
             self.counters["errors.stale_epoch"] += 1
-            raise ProtocolError("stale_epoch", str(e)) from None
+            raise ProtocolError(ProtocolError.STALE_EPOCH, str(e)) from None
 
     # -- the job log -------------------------------------------------------------------------
 

@@ -69,17 +69,27 @@ class SchedulerCore:
         job.pending_ids.clear()
         return job
 
-    def input_read(self, job_id: str, items: list, checkpoints: list | None, next_offset: int) -> list:
-        """A page of a job's unfinished items, read from its cursor (the answer to ReadInput)."""
+    def input_read(self, job_id: str, items: list, checkpoints: list | None, next_offset: int,
+                   offset: int | None = None) -> list:
+        """A page of a job's unfinished items, read from `offset` (the answer to
+        ReadInput). A page read from anywhere but the cursor is stale (the job was
+        rescanned, or rebuilt by a takeover, meanwhile) and ignored."""
         job = self.jobs.get(job_id)
-        if job is None or not job.running:
+        if job is None or not job.running or (offset is not None and offset != job.cursor):
             return []
+        job.reading = False
         for item, state in zip(items, checkpoints or [None] * len(items)):
             job.add_pending(assignment(item, state))
         if next_offset <= job.cursor:
             raise ValueError(f"storage read no further than input position {job.cursor}")
         job.cursor = next_offset
         return self._advance(job)
+
+    def read_failed(self, job_id: str, offset: int) -> None:
+        """The ReadInput from `offset` got no page: the next tick asks again."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.cursor == offset:
+            job.reading = False
 
     def superbatch_state(self, job_id: str, partitions: list | None, done_ids: list) -> list:
         """An embedding job's partition list (None: planned already) and the SuperBatch ids
@@ -245,10 +255,17 @@ class SchedulerCore:
                 return [ReadSuperBatchPlan(job.job_id, partitions=job.superbatches is None)]
             out = self._place_superbatches(job, placeable) if job.pending and placeable else []
         else:
+            # Input is read ahead until every worker could be filled from what is pending;
+            # one page at a time, placing from what is there meanwhile.
             want = sum(self._caps.values())
+            out = []
             if placeable and len(job.pending) < want and not job.fully_read:
-                return [ReadInput(job.job_id, job.cursor, self.input_page)]
-            out = self._place(job, placeable) if job.pending and placeable else []
+                if not job.reading:
+                    job.reading = True
+                    out.append(ReadInput(job.job_id, job.cursor, self.input_page))
+                if not job.pending:
+                    return out
+            out += self._place(job, placeable) if job.pending and placeable else []
         if job.fully_read and not job.pending and not job.placed:
             out.append(CountResults(job.job_id))
         return out

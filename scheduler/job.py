@@ -26,6 +26,7 @@ class Job:
     storage: str  # the storage node's address: inputs, results, the job log
     state: str = "running"
     cursor: int = 0  # next input position to read (pending items only)
+    reading: bool = False  # a ReadInput from the cursor is out; its page not yet in
     pending: deque = field(default_factory=deque)  # assignments read but on no worker
     pending_ids: set = field(default_factory=set)
     placed: PlacedTable = field(default_factory=PlacedTable)  # seq_id -> worker id, counted per worker
@@ -78,8 +79,10 @@ class Job:
 
     def rescan(self) -> None:
         """Read the input again from the start (only items without results come back):
-        after a takeover or a lost worker, whatever nobody holds is found again."""
+        after a takeover or a lost worker, whatever nobody holds is found again. A read
+        still out answers for the old cursor: its page is ignored."""
         self.cursor = 0
+        self.reading = False
 
 
 def assignment(item: dict, state: dict | None = None) -> dict:

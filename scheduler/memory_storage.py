@@ -41,7 +41,7 @@ class MemoryStorage:
             done = self.results.get(c.job_id, {})
             end = min(len(items), c.offset + c.limit)
             page = [it for it in items[c.offset:end] if it["id"] not in done]
-            return core.input_read(c.job_id, page, None, end)
+            return core.input_read(c.job_id, page, None, end, c.offset)
         if isinstance(c, cmd.ReadSuperBatchPlan):
             parts = self.partitions.get(c.job_id, []) if c.partitions else None
             return core.superbatch_state(c.job_id, parts, sorted(self.manifest.get(c.job_id, ())))

@@ -89,6 +89,8 @@ def measure(n_workers: int, args) -> dict:
                 "--prefix", f"w{h}-", "--max-seqs", str(args.max_seqs), "--report-every", str(args.report_every)],
                 state / "logs", die_with_parent=True)
             hosts.append((proc, address))
+            if args.nice_hosts:  # the simulated GPUs yield the shared cores to the control plane
+                os.setpriority(os.PRIO_PROCESS, proc.pid, args.nice_hosts)
         view = MemberView(cluster.etcd.endpoint, cluster.cluster).start()
         if not view.wait_for(lambda m: sum(1 for x in m.values() if x.role == "worker") >= n_workers, 60):
             raise RuntimeError("the simulated workers did not all register")
@@ -196,11 +198,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="the measured window")
     ap.add_argument("--takeover-margin", type=float, default=30.0, help="work left for after the takeover")
     ap.add_argument("--no-steal", dest="steal", action="store_false")
+    ap.add_argument("--nice-hosts", type=int, default=0,
+                    help="run the simulated workers at this nice value: on a machine with few cores, the control "
+                         "plane then gets the CPU first, as it would on hosts of its own")
     args = ap.parse_args()
     cpu = open("/proc/cpuinfo").read()
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16") if f" {f}" in cpu]
     print(f"# {os.cpu_count()} cores ({' '.join(flags)}); {args.hosts} host processes; max_seqs {args.max_seqs}; "
-          f"sequences ~{args.seq_seconds:g} s; a delivery at most every {args.report_every:g} s per worker", flush=True)
+          f"sequences ~{args.seq_seconds:g} s; a delivery at most every {args.report_every:g} s per worker"
+          + (f"; simulated workers at nice {args.nice_hosts}" if args.nice_hosts else ""), flush=True)
     rows = []
     for n in [int(x) for x in args.workers.split(",")]:
         row = measure(n, args)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from shoal.protocol.errors import ProtocolError
 from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class Client:
                 return self.rpc.request(msg_type, fields, blobs, timeout=wait, retries=1 << 30,
                                         deadline=max(deadline, time.monotonic() + min(wait, 1.0)))
             except RemoteError as e:
-                if e.code != "unavailable":
+                if e.code != ProtocolError.UNAVAILABLE:
                     raise
                 why = e.message
             except TimeoutError as e:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from shoal.protocol.errors import ProtocolError
 from shoal.rpc import RemoteError, RpcClient
 from shoal.topk import merge
 
@@ -34,7 +35,7 @@ class SearchRefused(ValueError):
 
 
 # Errors that say "not here, try another replica"; any other is about the request.
-FAILOVER_CODES = ("unknown_index", "unavailable", "stale_epoch")
+FAILOVER_CODES = (ProtocolError.UNKNOWN_INDEX, ProtocolError.UNAVAILABLE, ProtocolError.STALE_EPOCH)
 
 
 class IndexClient:

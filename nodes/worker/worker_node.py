@@ -140,7 +140,7 @@ class WorkerNode(Node):
     def _fence(self, epoch: int) -> None:
         if epoch < self.epoch:
             self.counters["errors.stale_epoch"] += 1
-            raise ProtocolError("stale_epoch", f"epoch {epoch} is older than the current leader's epoch {self.epoch}")
+            raise ProtocolError(ProtocolError.STALE_EPOCH, f"epoch {epoch} is older than the current leader's epoch {self.epoch}")
         self.epoch = epoch
 
     def on_holding(self, msg: Message):
@@ -157,7 +157,7 @@ class WorkerNode(Node):
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
-            raise ProtocolError("draining", f"worker {self.node_id} is draining and takes no new work")
+            raise ProtocolError(ProtocolError.DRAINING, f"worker {self.node_id} is draining and takes no new work")
 
     def _take_job(self, msg: Message, from_leader: bool = True) -> None:
         """Where the job's results and progress go. Only the leader's own messages may

@@ -16,8 +16,12 @@ from shoal.rpc import RpcClient
 FAST_RPC = {"SHOAL_RPC_TIMEOUT_S": "2"}
 
 
+def _stats(address: str, keys) -> dict:
+    return RpcClient(address, curve_keys=keys).request("StatsQuery", timeout=5)["stats"]
+
+
 def _counters(address: str, keys) -> dict:
-    return RpcClient(address, curve_keys=keys).request("StatsQuery", timeout=5)["stats"]["counters"]
+    return _stats(address, keys)["counters"]
 
 
 @pytest.mark.netns
@@ -40,9 +44,10 @@ def test_worker_cut_off_and_healed(tiny_model, tmp_path):
         assert keys is not None
         job = shoal.Client(c.router, reply_timeout=3, curve_keys=keys).submit(items, params=PARAMS.to_dict())
         end = time.monotonic() + 60
-        while _counters(cut_off, keys).get("sequences.assigned", 0) == 0:
+        # Several sequences under way there, so that some are still unfinished at the cut.
+        while _stats(cut_off, keys)["sequences"]["resident"] < 4:
             assert time.monotonic() < end, "the worker on the other host was given no work"
-            time.sleep(0.05)
+            time.sleep(0.02)
         net.cut()  # while it holds work
         assert view.wait_for(lambda m: "worker-1" not in m, timeout=20), "the cut-off worker's lease did not expire"
         done_at_expiry = job.status()["done"]

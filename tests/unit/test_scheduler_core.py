@@ -261,3 +261,23 @@ def test_placed_table_counts_follow_every_change():
     assert counted == dict(t.per_worker)
     t.clear()
     assert not t.per_worker
+
+
+def test_a_read_in_flight_is_not_asked_again_and_a_stale_page_is_ignored():
+    """The node reads input without waiting: one ReadInput per job is out at a time, a
+    failed one is asked again, and a page read from a cursor the job has left (a rescan
+    meanwhile) changes nothing."""
+    core = SchedulerCore(input_page=4)
+    core.add_job(Job("j", "key", "generate", {}, 20, "mem"))
+    core.update_workers({"w0": worker("w0", 4)})
+    first = of(cmd.ReadInput, core.tick(1.0))
+    assert [(c.offset, c.limit) for c in first] == [(0, 4)]
+    assert of(cmd.ReadInput, core.tick(2.0)) == []  # still out
+    core.read_failed("j", 0)
+    assert [c.offset for c in of(cmd.ReadInput, core.tick(3.0))] == [0]  # asked again
+    items = [{"id": i} for i in range(4)]
+    placed = of(cmd.AssignSequences, core.input_read("j", items, None, 4, offset=0))
+    assert sum(len(a.assignments) for a in placed) == 4 and core.jobs["j"].cursor == 4
+    core.jobs["j"].rescan()  # e.g. a worker was lost: read again from the start
+    assert core.input_read("j", [{"id": 9}], None, 8, offset=4) == []  # answers the old cursor
+    assert core.jobs["j"].cursor == 0 and 9 not in core.jobs["j"].pending_ids
