@@ -6,7 +6,7 @@ DEMO_DIR ?= demo-out
 CLUSTER_FILE ?= cluster.toml
 HOST ?= $(shell hostname -s)
 
-.PHONY: install test demo bench-generate clean cluster-up cluster-down
+.PHONY: install test test-fast demo bench-generate clean cluster-up cluster-down
 
 # torch 2.13.0 is pinned here (a local CPU wheel on the dev machines); pyproject accepts
 # any torch >= 2.4 so a GPU host keeps its CUDA build.
@@ -21,6 +21,10 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Unit and protocol tests only: no processes, no etcd, under a minute.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit tests/protocol
 
 # The main job: iterative retrieval (IRCoT) over real passages (stdlib docstrings) with
 # a random-weight decoder (its thoughts are gibberish; the retrieval is real: MiniLM).

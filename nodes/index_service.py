@@ -20,7 +20,7 @@ from shoal.nodes.index_shard import IndexShard
 from shoal.nodes.input_store import write_atomic
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.vector_index import IndexError_
+from shoal.vector_index import IndexFileError
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class IndexService:
             shard = self._load(msg["name"], path, msg["shard"])
         except Exception as e:  # a missing or corrupt file: refused by name, nothing changes here
             raise ProtocolError(ProtocolError.BAD_INPUT, f"index {msg['name']!r} shard {msg['shard']}: "
-                                f"{e if isinstance(e, (IndexError_, OSError)) else f'{type(e).__name__}: {e}'}") from None
+                                f"{e if isinstance(e, (IndexFileError, OSError)) else f'{type(e).__name__}: {e}'}") from None
         write_atomic(self.record, orjson.dumps({n: {"path": r["path"], "shards": sorted(r["shards"])}
                                                 for n, r in self.loaded.items()}))
         if self.publish:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from shoal.topk import top_k
-from shoal.vector_index import IndexError_, read_manifest, shard_files
+from shoal.vector_index import IndexFileError, read_manifest, shard_files
 
 
 class IndexShard:
@@ -28,13 +28,13 @@ class IndexShard:
         vectors, texts = shard_files(self.folder, self.meta, shard)
         for f in (vectors, texts):
             if not f.exists():
-                raise IndexError_(f"index {self.folder}: shard {shard} file {f.name} is missing")
+                raise IndexFileError(f"index {self.folder}: shard {shard} file {f.name} is missing")
         self.vectors = load_file(str(vectors))["vectors"]
         table = pq.read_table(texts)
         self.ids = np.asarray(table["id"].to_pylist(), dtype=object)
         self.texts = table["text"].to_pylist()
         if self.vectors.shape != (len(self.ids), self.meta["dim"]):
-            raise IndexError_(f"index {self.folder}: shard {shard} holds vectors {self.vectors.shape} for "
+            raise IndexFileError(f"index {self.folder}: shard {shard} holds vectors {self.vectors.shape} for "
                               f"{len(self.ids)} passages of dimension {self.meta['dim']}")
 
         self._vectors64 = self.vectors.astype(np.float64)
@@ -46,7 +46,7 @@ class IndexShard:
     def search(self, queries: np.ndarray, k: int) -> list[list[dict]]:
         """Per query, up to k hits {"id", "score", "text"}, best first."""
         if queries.ndim != 2 or queries.shape[1] != self.meta["dim"]:
-            raise IndexError_(f"queries of shape {tuple(queries.shape)} do not match this index's dimension "
+            raise IndexFileError(f"queries of shape {tuple(queries.shape)} do not match this index's dimension "
                               f"{self.meta['dim']}")
         # float64 products of float32 inputs, rounded back: a query scores the same
         # whatever else shares its batch (float32 GEMM blocking would not promise that).

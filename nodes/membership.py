@@ -17,9 +17,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import etcd3
-import etcd3.watch
 import orjson
+
+from shoal.extras import need
+
+etcd3 = need("etcd3", "node", "a cluster node (membership in etcd)")
+import etcd3.watch  # noqa: E402 - after the check that names the extra
 
 log = logging.getLogger(__name__)
 

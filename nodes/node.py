@@ -16,7 +16,7 @@ import time
 
 import zmq
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.protocol.codec import Message, decode, encode, error_reply
 from shoal.protocol.errors import ProtocolError
 
@@ -75,7 +75,7 @@ class Node:
         """What `shoal nodes` and the metrics endpoint show; roles add their own."""
         out = {"counters": dict(self.counters), "uptime_s": time.time() - self.started, "address": self.advertise}
         if sockets.fault_plan() is not None:  # faults injected by this process's sockets
-            from shoal.nodes.faults import INJECTED
+            from shoal.transport.faults import INJECTED
 
             out["faults_injected"] = dict(INJECTED)
         return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from shoal.async_rpc import AsyncRpcClient
+from shoal.transport.async_rpc import AsyncRpcClient
 from shoal.nodes.async_node import AsyncNode
 from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
@@ -26,7 +26,7 @@ from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
 from shoal.nodes.node import add_data_root_arg, data_roots_of, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,12 @@ class RouterNode(AsyncNode):
         `scheduler/shard_placement.py`), all at once; replies when every one is loaded
         and published, so a job submitted next finds them."""
         from shoal.scheduler.shard_placement import PlacementError, place_shards
-        from shoal.vector_index import IndexError_, read_manifest
+        from shoal.vector_index import IndexFileError, read_manifest
 
         self.data_roots.check(msg["path"], "index")
         try:
             meta = await asyncio.to_thread(read_manifest, msg["path"])
-        except IndexError_ as e:
+        except IndexFileError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
         storage = self.view.snapshot("storage")
         load = {n: sum(len(i.get("shards", ())) for i in m.info.get("indexes", {}).values()) for n, m in storage.items()}

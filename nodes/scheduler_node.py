@@ -33,12 +33,12 @@ from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.membership import MemberView
 from shoal.nodes.node import Node, node_arg_parser, parse_node_args, run_node, start_logging
-from shoal.nodes.outbox import Outbox, Request
+from shoal.transport.outbox import Outbox, Request
 from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import by_size
-from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 from shoal.scheduler import commands as cmd
 from shoal.scheduler.core import DEFAULT_SUPERBATCHES_IN_FLIGHT, SchedulerCore
 from shoal.scheduler.job import EMBED, Job

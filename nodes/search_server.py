@@ -1,5 +1,5 @@
 """Index searches on a socket and a thread of their own, so that a heavy search never
-delays a storage node's write acknowledgements (DESIGN.md, "Storage writes").
+delays a storage node's write acknowledgements.
 
 The storage node publishes this socket's address as `search_address`; workers send
 `SearchIndex` there. Any other message type gets an Error reply naming the socket's
@@ -13,7 +13,7 @@ import threading
 
 import zmq
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.protocol.codec import decode, error_reply
 from shoal.protocol.errors import ProtocolError
 

@@ -21,7 +21,7 @@ from collections import deque
 
 from shoal.nodes.latency_histogram import LatencyHistogram
 from shoal.nodes.node import Node
-from shoal.nodes.outbox import Outbox, Request
+from shoal.transport.outbox import Outbox, Request
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 

@@ -20,9 +20,9 @@ import time
 
 import zmq
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.nodes.node import Node, node_arg_parser, parse_node_args, start_logging
-from shoal.nodes.outbox import Outbox
+from shoal.transport.outbox import Outbox
 from shoal.nodes.sim_worker_endpoint import SimWorkerEndpoint
 
 log = logging.getLogger(__name__)

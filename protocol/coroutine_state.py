@@ -1,5 +1,5 @@
 """The state of a sequence coroutine as it travels: in checkpoints on storage and in
-migrations between workers (DESIGN.md, "Sequence coroutines").
+migrations between workers.
 
     {"program": name, "version": v,
      "journal": [{"op": {...}, "result": {...}}, ...],   # completed operations

@@ -1,5 +1,5 @@
 """EB+: runs MB or EB and switches between them online by the crossover condition of
-Prop. 4, with hysteresis and a cooldown (PAPERS.md §1).
+Prop. 4, with hysteresis and a cooldown (EB+).
 
 Every `decide_every` completions it evaluates LHS = β_MB(r̂) − β_EB and RHS from the
 calibrated cost model, the prompt and output means, θ̂, k̂ and the current concurrency;

@@ -1,4 +1,4 @@
-"""The step cost model every policy and prediction uses (PAPERS.md §1).
+"""The step cost model every policy and prediction uses (EB+).
 
 One object for a (model, dtype, device): a prefill step of L tokens costs
 `α_p + β_p·L`, a decode step of k sequences `α_d + β_d·k`, and MB's effective cost per
@@ -93,6 +93,6 @@ class CostModel:
             raise CalibrationError(f"calibration record is incomplete: {e}") from None
 
 
-# Published calibrations of Qwen3-8B (PAPERS.md §1).
+# Published calibrations of Qwen3-8B (EB+).
 H200_QWEN3_8B = CostModel(1.28e-3, 2.49e-5, 8.92e-3, 4.59e-5, 2.49e-5, 5.19e-5, 1.48e-5, model="Qwen3-8B", device="H200")
 RTX6000_QWEN3_8B = CostModel(4.69e-3, 5.01e-5, 10.4e-3, 1.04e-4, 6.29e-5, 19.69e-5, 0.99e-5, model="Qwen3-8B", device="RTX PRO 6000")

@@ -1,4 +1,4 @@
-"""The formulas of exclusive batching (EB) and the EB–MB crossover (PAPERS.md §1).
+"""The formulas of exclusive batching (EB) and the EB–MB crossover (EB+).
 
 Pure functions of the cost model and the output-length hazard. Notation: N sequences
 decode until k finish, then k new ones are prefilled; θ = k/N; p the per-step finish

@@ -1,4 +1,4 @@
-"""Predicting an embedding job's time before it runs (PAPERS.md §2, our derivation).
+"""Predicting an embedding job's time before it runs (SURGE, our derivation).
 
 An encoder micro-batch of b texts padded to L tokens costs `a + c·b·L`; every call (one
 SuperBatch, or one partition in the per-partition pipeline) also needs its messages,

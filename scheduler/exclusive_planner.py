@@ -1,5 +1,5 @@
 """EB: exclusive batching. Pure-decode steps over N̂ sequences until k̂ of them finish,
-then pure-prefill steps that admit exactly enough new ones to refill to N̂ (PAPERS.md §1).
+then pure-prefill steps that admit exactly enough new ones to refill to N̂ (EB+).
 
 θ̂ = k̂/N̂ follows the asymptotic threshold of the online hazard estimate (with the
 increasing-hazard correction), EMA-smoothed and clamped; N̂ is the memory-safe batch

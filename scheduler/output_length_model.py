@@ -1,4 +1,4 @@
-"""Online estimate of the output-length hazard (PAPERS.md §1).
+"""Online estimate of the output-length hazard (EB+).
 
 Over the last `window` finished sequences, ĥ(t) = #{len = t} / #{len ≥ t}; a weighted
 least-squares line through ĥ on the 5th..95th percentile of lengths gives

@@ -1,4 +1,4 @@
-"""SuperBatch packing for bulk embedding (PAPERS.md §2, SURGE).
+"""SuperBatch packing for bulk embedding (SURGE).
 
 A job's corpus is a list of logical partitions with their sizes. Whole partitions are
 packed into a SuperBatch until it holds at least `b_min` texts; a partition larger than

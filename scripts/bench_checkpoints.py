@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--intervals", default="0,64,16")
     args = ap.parse_args()
     import shoal
-    from shoal.rpc import RpcClient
+    from shoal.transport.rpc import RpcClient
 
     ensure_model(args.model)
     work = w1(sequences=args.sequences)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
 

@@ -37,7 +37,7 @@ from shoal.local_cluster import LocalCluster
 from shoal.node_process import spawn_node
 from shoal.nodes.latency_histogram import percentile, window
 from shoal.nodes.membership import MemberView
-from shoal.rpc import RemoteError, RpcClient
+from shoal.transport.rpc import RemoteError, RpcClient
 
 
 def stats(address: str) -> dict:

@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--counts", default="8,32,64")
     args = ap.parse_args()
     import shoal
-    from shoal.rpc import RpcClient
+    from shoal.transport.rpc import RpcClient
 
     r = random.Random(0)
     for n in (int(x) for x in args.counts.split(",")):

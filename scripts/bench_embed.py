@@ -1,4 +1,4 @@
-"""W2 (../shared/BENCHMARKS.md): bulk embedding through a local cluster, beside its peers
+"""W2 (the W3 benchmark): bulk embedding through a local cluster, beside its peers
 in the same run.
 
 1. Throughput vs sentence-transformers `encode(batch_size=64)` on the same texts in the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workloads import vocabulary_words, w2_partition_sizes, w2_texts, write_w2_corpus  # noqa: E402
 
 import shoal  # noqa: E402
-from shoal.nodes.embedding_output import read_manifest  # noqa: E402
+from shoal.embedding_output import read_manifest  # noqa: E402
 
 
 def minilm() -> str:
@@ -106,7 +106,7 @@ def main() -> int:
                 continue
             from shoal.corpus_reader import CorpusSpec
             from shoal.embed_plan import predict_job
-            from shoal.nodes.worker.models.encoder_config import describe_encoder
+            from shoal.encoder_config import describe_encoder
 
             info = describe_encoder(enc)
             errors = []

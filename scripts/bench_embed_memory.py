@@ -23,7 +23,7 @@ from bench_embed import minilm, run_job  # noqa: E402
 from workloads import vocabulary_words, w2_partition_sizes, w2_texts, write_w2_corpus  # noqa: E402
 
 import shoal  # noqa: E402
-from shoal.rpc import RpcClient  # noqa: E402
+from shoal.transport.rpc import RpcClient  # noqa: E402
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -1,4 +1,4 @@
-"""W3 (../shared/BENCHMARKS.md): iterative retrieval, Shoal's coroutines vs lockstep rounds.
+"""W3 (the W3 benchmark): iterative retrieval, Shoal's coroutines vs lockstep rounds.
 
 Both sides run the built-in `ircot` program over the same questions with the same
 engine (prefix caching on), the same MiniLM encoder and the same exact index (stdlib
@@ -219,7 +219,7 @@ def run_lockstep(engine, encoder, index, items, concurrency: int, params: dict) 
 
 def projected(clock: StepClock) -> dict:
     """The run's engine steps replayed under the published H200 Qwen3-8B calibration
-    (PAPERS.md): what the same schedule costs where a step's time hardly grows with its
+    (the BatchGen paper): what the same schedule costs where a step's time hardly grows with its
     batch, unlike this CPU's. Encoder and search time are not in it."""
     from shoal.scheduler.cost_model import H200_QWEN3_8B
 

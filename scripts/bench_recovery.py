@@ -37,7 +37,7 @@ def main() -> None:
     import shoal
     from shoal.nodes.leader import Election
     from shoal.nodes.membership import MemberView
-    from shoal.rpc import RemoteError, RpcClient
+    from shoal.transport.rpc import RemoteError, RpcClient
 
     if not Path(args.model, "config.json").exists():
         from shoal.nodes.worker.models.make_model import make_model

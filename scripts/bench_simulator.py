@@ -1,5 +1,5 @@
 """MB, EB and EB+ in the virtual-clock simulator with the published Qwen3-8B
-calibrations (PAPERS.md §1): the paper's synthetic cells, its non-stationary traces,
+calibrations (EB+): the paper's synthetic cells, its non-stationary traces,
 and a sweep of the interference term (r*, the decode share where a mixed step's
 marginal cost reaches pure decode's) around the paper's values.
 

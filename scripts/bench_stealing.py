@@ -27,7 +27,7 @@ def main() -> None:
     ap = bench_arguments(__doc__)
     args = ap.parse_args()
     import shoal
-    from shoal.rpc import RpcClient
+    from shoal.transport.rpc import RpcClient
 
     ensure_model(args.model)
     work = w1(sequences=args.sequences)

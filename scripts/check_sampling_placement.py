@@ -23,7 +23,7 @@ import time
 
 import shoal
 from shoal.output_compare import compare_results
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
 WORDS = ("the of and to in is was for on that with as by at from it this be are an or module function "

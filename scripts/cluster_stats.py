@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def worker_stats(cluster, name: str = "worker-0") -> dict:
-    from shoal.rpc import RpcClient
+    from shoal.transport.rpc import RpcClient
 
     rpc = RpcClient(cluster.nodes[name][2])
     try:

@@ -1,4 +1,4 @@
-"""The workloads of ../shared/BENCHMARKS.md, generated from fixed seeds."""
+"""The workloads of the benchmark definitions, generated from fixed seeds."""
 
 from __future__ import annotations
 

@@ -1,7 +1,28 @@
-"""Shoal: batch inference for iterative retrieval workloads."""
+"""Shoal: batch inference for iterative retrieval workloads.
 
-from shoal.client import Client, Job  # noqa: F401
-from shoal.local_cluster import LocalCluster  # noqa: F401
+`shoal.Client`, `shoal.Job` and `shoal.LocalCluster` load on first use (PEP 562), so
+importing any part of the package (a pure policy in `shoal.scheduler`, the protocol)
+loads nothing else: no ZeroMQ, no client, no etcd.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["Client", "Job", "LocalCluster"]
 __version__ = "0.1.0"
+
+_LAZY = {"Client": "shoal.client", "Job": "shoal.client", "LocalCluster": "shoal.local_cluster"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

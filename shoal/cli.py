@@ -135,9 +135,9 @@ def cmd_nodes(args) -> int:
     from pathlib import Path
 
     from shoal.nodes.membership import MemberView
-    from shoal.rpc import RpcClient
+    from shoal.transport.rpc import RpcClient
 
-    from shoal.nodes.sockets import FROM_ENV
+    from shoal.transport.sockets import FROM_ENV
 
     etcd, cluster, keys = args.etcd, args.cluster, FROM_ENV
     if args.dir:
@@ -264,7 +264,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    from shoal.nodes.curve import generate
+    from shoal.transport.curve import generate
 
     d = generate(args.dir)
     print(f"CURVE keypair: {d / 'cluster.key'} (public), {d / 'cluster.key_secret'} (secret, mode 600)")
@@ -398,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(fn=cmd_calibrate)
 
     args = ap.parse_args(argv)
+    from shoal.extras import MissingExtra
     from shoal.generate_input import InputError
-    from shoal.rpc import RemoteError
+    from shoal.transport.rpc import RemoteError
     from shoal.sampling import RequestError
 
     import logging
@@ -411,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: what was started for the command is stopped
         print(f"shoal {args.cmd}: interrupted ({e or 'Ctrl-C'})", file=sys.stderr)
         return 130
+    except MissingExtra as e:  # e.g. `pip install shoal` (the client) running a local cluster
+        print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
     except RemoteError as e:  # the cluster refused the job: its message names the problem
         print(f"shoal {args.cmd}: error: {e.message}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class Client:
         settings, so the same call again continues the same job, and a new job over the
         same output skips every SuperBatch it already holds."""
         from shoal.corpus_reader import CorpusSpec
-        from shoal.nodes.worker.models.encoder_config import describe_encoder
+        from shoal.encoder_config import describe_encoder
 
         info = encoder if isinstance(encoder, dict) else describe_encoder(encoder)
         corpus = CorpusSpec(tuple(str(Path(p).resolve()) for p in inputs), partition_by, text_field, id_field,

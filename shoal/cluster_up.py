@@ -56,7 +56,7 @@ def cluster_keys(cf: ClusterFile, host) -> Path | None:
     or with `insecure`). Missing, those are made by one host only, the first that runs
     a scheduler; every other host must be given a copy (the same keys everywhere:
     two keypairs would split the cluster)."""
-    from shoal.nodes.curve import CurveKeys, generate
+    from shoal.transport.curve import CurveKeys, generate
     from shoal.nodes.exposure import is_loopback
 
     if cf.curve_keys is not None:

@@ -48,7 +48,7 @@ def cmd_embed(args) -> int:
 
     from shoal.client import Client
     from shoal.local_cluster import LocalCluster
-    from shoal.nodes.worker.models.encoder_config import describe_encoder
+    from shoal.encoder_config import describe_encoder
     from shoal.progress import Progress
 
     info = describe_encoder(args.encoder)

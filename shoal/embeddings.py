@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from shoal.nodes.embedding_output import read_manifest
+from shoal.embedding_output import read_manifest
 
 
 class EmbeddingSet:

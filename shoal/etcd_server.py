@@ -54,6 +54,9 @@ class EtcdServer:
     def start(self, timeout: float = 20.0, tries: int = 3) -> "EtcdServer":
         """Starts etcd and waits until it answers. A port found free can be taken by
         another process before etcd binds it: then it starts again on new ports."""
+        from shoal.extras import need
+
+        need("etcd3", "node", "a local cluster (its etcd)")  # checked once, with the extra named
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(tries):
             logged = (self.data_dir / "etcd.log").stat().st_size if (self.data_dir / "etcd.log").exists() else 0

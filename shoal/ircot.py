@@ -1,4 +1,4 @@
-"""The built-in `ircot` program: IRCoT (PAPERS.md), retrieval interleaved with
+"""The built-in `ircot` program: IRCoT (Trivedi et al., 2023), retrieval interleaved with
 chain-of-thought, one sentence of thought per hop.
 
     hop 1: retrieve top-k for the question; generate one thought

@@ -54,7 +54,7 @@ class LocalCluster:
         from shoal.nodes.exposure import is_loopback
 
         if not curve_keys and not insecure and not is_loopback(f"tcp://{host}:0"):
-            from shoal.nodes.curve import generate
+            from shoal.transport.curve import generate
 
             curve_keys = self.dir / "keys"
             if not (curve_keys / "cluster.key_secret").exists():

@@ -1,4 +1,4 @@
-""""The same output", as every Shoal test and benchmark judges it (DESIGN.md).
+""""The same output", as every Shoal test and benchmark judges it.
 
 Two runs of a sequence produce the same output when they part only where rounding can
 make them part. Which places those are depends on how the tokens were chosen, and

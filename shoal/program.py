@@ -1,4 +1,4 @@
-"""Programs: what a job runs on each of its items (DESIGN.md, "Sequence coroutines").
+"""Programs: what a job runs on each of its items.
 
 A program is a generator function that yields operations and receives their results:
 
@@ -164,9 +164,21 @@ def program(name: str, version: str = "1", check_item: Callable | None = None):
     return register
 
 
+# Built-in programs defined in modules of their own: they register when imported.
+BUILT_IN_MODULES = ("shoal.ircot", "shoal.examples.w3")
+
+
+def _registry() -> dict[str, ProgramSpec]:
+    """Every registered program, the built-in ones loaded on first use: their modules
+    import this one, so this one imports them only when asked (no import cycle)."""
+    for module in BUILT_IN_MODULES:
+        importlib.import_module(module)  # a dictionary lookup once loaded
+    return _REGISTRY
+
+
 def built_in_item_check(name: str) -> Callable | None:
     """The item check of a built-in program, if it has one."""
-    spec = _REGISTRY.get(name)
+    spec = _registry().get(name)
     return spec.check_item if spec else None
 
 
@@ -174,10 +186,10 @@ def check_program_name(name: str) -> None:
     """What a node that does not run programs can check of a job's program: a built-in
     name, or the form package.module:function (whether it imports, the workers say)."""
     module, _, attr = name.partition(":")
-    if name in _REGISTRY:
+    if name in _registry():
         return
     if not (module and attr.isidentifier() and all(p.isidentifier() for p in module.split("."))):
-        raise ProgramError(f"unknown program {name!r}: built-in programs are {sorted(_REGISTRY)}; "
+        raise ProgramError(f"unknown program {name!r}: built-in programs are {sorted(_registry())}; "
                            "give a user program as package.module:function")
 
 
@@ -193,7 +205,7 @@ def program_allowed(name: str, patterns: tuple[str, ...]) -> bool:
 def resolve_program(name: str, allowed: tuple[str, ...] | None = None) -> ProgramSpec:
     """The program a job names: a registered name or `package.module:function`, which
     is imported only if it matches one of the `allowed` patterns (None: any)."""
-    if name in _REGISTRY:
+    if name in _registry():
         return _REGISTRY[name]
     check_program_name(name)
     if allowed is not None and not program_allowed(name, allowed):
@@ -231,6 +243,3 @@ def generate(item: dict, **params):
     return out.to_dict()
 
 
-# Built-in programs defined in modules of their own register on import.
-importlib.import_module("shoal.ircot")
-importlib.import_module("shoal.examples.w3")

@@ -67,7 +67,7 @@ def add_parsers(sub) -> None:
 
 def cmd_index_build(args) -> int:
     from shoal.progress import Progress
-    from shoal.vector_index import build_index
+    from shoal.index_build import build_index
 
     t0 = time.perf_counter()
     progress = None
@@ -112,17 +112,17 @@ def read_questions(path: str | Path) -> list[dict]:
 
 def check_index(index: str | Path, encoder: str | Path, k: int) -> dict:
     """The index's manifest, if this encoder made it and it holds k passages."""
-    from shoal.nodes.worker.models.encoder_config import describe_encoder
-    from shoal.vector_index import IndexError_, read_manifest
+    from shoal.encoder_config import describe_encoder
+    from shoal.vector_index import IndexFileError, read_manifest
 
     meta = read_manifest(index)
     enc = describe_encoder(encoder)
     if meta["encoder"] != enc["fingerprint"] or meta["dim"] != enc["dim"]:
-        raise IndexError_(f"index {index} was built with encoder {meta['encoder']} (dimension {meta['dim']}), "
+        raise IndexFileError(f"index {index} was built with encoder {meta['encoder']} (dimension {meta['dim']}), "
                           f"but --encoder {encoder} is {enc['fingerprint']} (dimension {enc['dim']}): "
                           "queries must be embedded by the encoder that embedded the passages")
     if k > meta["rows"]:
-        raise IndexError_(f"--k {k} is larger than index {index} ({meta['rows']} passages)")
+        raise IndexFileError(f"--k {k} is larger than index {index} ({meta['rows']} passages)")
     return meta
 
 

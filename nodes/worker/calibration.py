@@ -1,4 +1,4 @@
-"""Calibrating the step cost model on this worker's own device (PAPERS.md §1).
+"""Calibrating the step cost model on this worker's own device (EB+'s calibrated cost model).
 
 Times pure prefill steps over a grid of lengths and pure decode steps over a grid of
 batch sizes on the loaded engine, fits α_p, β_p, α_d, β_d by least squares, and fits

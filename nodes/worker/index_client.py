@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import RemoteError, RpcClient
+from shoal.transport.rpc import RemoteError, RpcClient
 from shoal.topk import merge
 
 SUSPECT_S = 10.0  # a replica that failed is tried last for this long

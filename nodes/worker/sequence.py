@@ -1,7 +1,7 @@
 """Everything one sequence is, as plain data: tokens, sampling position, KV blocks.
 
 Nothing here lives only in a generator frame or a CUDA graph, so a sequence can be
-exported mid-generation and continued elsewhere (DESIGN.md, "Sequence coroutines").
+exported mid-generation and continued elsewhere.
 """
 
 from __future__ import annotations

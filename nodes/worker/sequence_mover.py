@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 
 log = logging.getLogger(__name__)
 

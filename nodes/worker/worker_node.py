@@ -19,12 +19,16 @@ import time
 
 import orjson
 
+from shoal.extras import need
+
+need("torch", "worker", "a worker node")
+
 from shoal.nodes.node import Node, node_arg_parser, open_by_default, parse_node_args, run_node, start_logging
-from shoal.nodes.sockets import fault_plan
+from shoal.transport.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, by_size
-from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
 from shoal.nodes.worker.program_runner import ProgramRunner, error_record

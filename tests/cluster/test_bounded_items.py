@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 import shoal
-from shoal.rpc import RemoteError
+from shoal.transport.rpc import RemoteError
 
 
 def run_cli(*args, timeout=180):

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 import shoal
-from shoal.nodes.curve import generate
+from shoal.transport.curve import generate
 
 
 def run_cli(*args, timeout=120, env=None):

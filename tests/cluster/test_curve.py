@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import shoal
-from shoal.nodes.curve import CurveKeys, generate
-from shoal.rpc import RpcClient
+from shoal.transport.curve import CurveKeys, generate
+from shoal.transport.rpc import RpcClient
 
 
 def start_storage(tmp_path, keys_dir):

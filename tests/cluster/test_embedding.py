@@ -11,7 +11,7 @@ from embed_corpus import write_corpus
 
 import shoal
 from shoal.embeddings import EmbeddingSet
-from shoal.rpc import RemoteError, RpcClient
+from shoal.transport.rpc import RemoteError, RpcClient
 
 IN_FLIGHT = 2
 

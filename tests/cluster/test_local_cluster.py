@@ -30,7 +30,7 @@ def send_bad_messages_to_every_node(cluster):
     from test_storage_node import BAD
 
     from shoal.nodes.membership import MemberView
-    from shoal.rpc import RpcClient
+    from shoal.transport.rpc import RpcClient
 
     view = MemberView(cluster.etcd.endpoint, cluster.cluster).start()
     members = view.snapshot()
@@ -53,7 +53,7 @@ def check_input_by_path(client, tmp_path):
     assert job.total == 2
     assert sorted(r["id"] for r in job.wait(timeout=60)) == ["x1", "x2"]
     path.write_bytes(b'{"id": "x1", "prompt": "a"}\n{"id": "x1", "prompt": "b"}\n')
-    with pytest.raises(shoal.rpc.RemoteError, match=r"bad_input: .*by-path.jsonl:2: duplicate id 'x1'"):
+    with pytest.raises(shoal.transport.rpc.RemoteError, match=r"bad_input: .*by-path.jsonl:2: duplicate id 'x1'"):
         client.submit(input_path=path)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import shoal
 from shoal.output_compare import compare_generations, compare_results
 from shoal.program import Generate, program
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
 TESTS = str(Path(__file__).resolve().parent)

@@ -15,8 +15,8 @@ import shoal
 from shoal.embeddings import EmbeddingSet
 from shoal.output_compare import compare_rag
 from shoal.program import Embed, Retrieve
-from shoal.rpc import RemoteError
-from shoal.vector_index import build_index
+from shoal.transport.rpc import RemoteError
+from shoal.index_build import build_index
 
 from rag_setup import embed_corpus, rag_items
 
@@ -112,11 +112,11 @@ def test_bad_rag_input_gets_clear_errors(rag_cluster, tiny_encoder):
     # The CLI's checks before anything starts: wrong encoder, k too large, a broken line.
     from shoal.generate_input import InputError
     from shoal.rag_cli import check_index, read_questions
-    from shoal.vector_index import IndexError_
+    from shoal.vector_index import IndexFileError
 
-    with pytest.raises(IndexError_, match="queries must be embedded by the encoder that embedded the passages"):
+    with pytest.raises(IndexFileError, match="queries must be embedded by the encoder that embedded the passages"):
         check_index(tmp / "index1", tiny_encoder, 3)
-    with pytest.raises(IndexError_, match="--k 201 is larger than index"):
+    with pytest.raises(IndexFileError, match="--k 201 is larger than index"):
         check_index(tmp / "index1", c.encoder, 201)
     bad = tmp / "bad.jsonl"
     bad.write_text('{"id": "a", "question": "fine?"}\n{"id": "b", "question": \n')
@@ -126,7 +126,7 @@ def test_bad_rag_input_gets_clear_errors(rag_cluster, tiny_encoder):
     # node goes on answering.
     info = {m["node_id"]: m["info"] for m in client.cluster_info()}
     holder = next(n for n, i in info.items() if "one" in i.get("indexes", {}))
-    search = shoal.rpc.RpcClient(info[holder]["search_address"])
+    search = shoal.transport.rpc.RpcClient(info[holder]["search_address"])
     shard = info[holder]["indexes"]["one"]["shards"][0]
     with pytest.raises(RemoteError, match="storage holds no shard 7 of index 'one'"):
         search.request("SearchIndex", {"name": "one", "index_id": "", "shard": 7, "k": 1, "count": 1},

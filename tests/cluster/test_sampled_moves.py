@@ -13,7 +13,7 @@ import orjson
 
 import shoal
 from shoal.output_compare import DRAW_RULE, compare_results
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=28, ignore_eos=True, return_margins=True, temperature=0.8, top_p=0.9, seed=11)

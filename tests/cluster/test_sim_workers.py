@@ -11,7 +11,7 @@ import time
 import shoal
 from shoal.node_process import spawn_node
 from shoal.nodes.membership import MemberView
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 
 FAST_RPC = {"SHOAL_RPC_TIMEOUT_S": "2"}
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from shoal.nodes.membership import MemberView
-from shoal.rpc import RemoteError, RpcClient
+from shoal.transport.rpc import RemoteError, RpcClient
 
 
 def start_storage(data_dir, etcd=None, cluster="default"):

@@ -9,8 +9,8 @@ import pytest
 
 import shoal
 from shoal.examples.w3_data import passages, questions, workload
-from shoal.rpc import RemoteError
-from shoal.vector_index import build_index
+from shoal.transport.rpc import RemoteError
+from shoal.index_build import build_index
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 from shoal.output_compare import compare_results
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 from shoal.sampling import SamplingParams
 
 

@@ -12,7 +12,7 @@ from embed_corpus import write_corpus
 
 import shoal
 from shoal.embeddings import EmbeddingSet
-from shoal.nodes.embedding_output import read_manifest
+from shoal.embedding_output import read_manifest
 from shoal.scheduler.superbatch import pack
 
 SIZES = [45, 3, 75, 20, 0, 110, 6, 38, 65, 30]  # 392 texts

@@ -13,7 +13,7 @@ import pytest
 from netns import NetnsHost
 
 import shoal
-from shoal.rpc import RemoteError
+from shoal.transport.rpc import RemoteError
 
 pytestmark = pytest.mark.netns
 

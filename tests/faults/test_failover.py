@@ -10,7 +10,7 @@ from job_check import PARAMS, WORKER_ARGS, check_whole, wait_for_progress, workl
 
 import shoal
 from shoal.nodes.leader import Election
-from shoal.rpc import RemoteError, RpcClient
+from shoal.transport.rpc import RemoteError, RpcClient
 
 FAST_RPC = {"SHOAL_RPC_TIMEOUT_S": "2"}  # a dead peer costs 2 s per try, not 10
 

@@ -9,9 +9,9 @@ import pytest
 from job_check import PARAMS, WORKER_ARGS, check_whole, workload
 
 import shoal
-from shoal.nodes.faults import FaultPlan, FaultySocket
+from shoal.transport.faults import FaultPlan, FaultySocket
 from shoal.nodes.membership import MemberView
-from shoal.rpc import RpcClient
+from shoal.transport.rpc import RpcClient
 
 PLAN = {"seed": 11, "drop": 0.04, "duplicate": 0.08, "delay": 0.1, "delay_ms": 60, "reorder": 0.1}
 

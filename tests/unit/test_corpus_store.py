@@ -16,7 +16,7 @@ from shoal.embeddings import EmbeddingSet
 from shoal.generate_input import InputError
 from shoal.nodes import corpus_store
 from shoal.nodes.corpus_store import CorpusStore
-from shoal.nodes.embedding_output import EmbeddingOutput, OutputMismatch
+from shoal.embedding_output import EmbeddingOutput, OutputMismatch
 
 
 def write_jsonl(path, rows):

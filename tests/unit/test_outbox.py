@@ -7,9 +7,9 @@ import time
 
 import zmq
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.nodes.latency_histogram import LatencyHistogram, percentile, window
-from shoal.nodes.outbox import Outbox, Request
+from shoal.transport.outbox import Outbox, Request
 from shoal.protocol.codec import decode, encode
 
 

@@ -1,5 +1,5 @@
 """The simulator, driving the real planners, reproduces the direction of the EB paper's
-results with its published Qwen3-8B calibrations (PAPERS.md §1)."""
+results with its published Qwen3-8B calibrations (EB+)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import pytest
 
 from shoal.nodes.index_shard import IndexShard
 from shoal.topk import merge
-from shoal.vector_index import IndexError_, read_manifest, write_index
+from shoal.vector_index import IndexFileError, read_manifest, write_index
 
 
 def test_shards_searched_and_merged_equal_brute_force(tmp_path):
@@ -31,17 +31,17 @@ def test_shards_searched_and_merged_equal_brute_force(tmp_path):
 
 
 def test_broken_indexes_are_refused_by_name(tmp_path):
-    with pytest.raises(IndexError_, match="holds no index"):
+    with pytest.raises(IndexFileError, match="holds no index"):
         read_manifest(tmp_path)
     write_index(tmp_path / "ix", ["a", "b"], ["x", "y"], np.eye(2, dtype=np.float32), "enc", shards=2)
     (tmp_path / "ix" / "shard-00001.parquet").unlink()
-    with pytest.raises(IndexError_, match="shard 1 file shard-00001.parquet is missing"):
+    with pytest.raises(IndexFileError, match="shard 1 file shard-00001.parquet is missing"):
         IndexShard(tmp_path / "ix", 1)
     meta = orjson.loads((tmp_path / "ix" / "index.json").read_bytes())
     (tmp_path / "ix" / "index.json").write_bytes(orjson.dumps({**meta, "kind": "hnsw"}))
-    with pytest.raises(IndexError_, match="index kind 'hnsw' is not supported"):
+    with pytest.raises(IndexFileError, match="index kind 'hnsw' is not supported"):
         read_manifest(tmp_path / "ix")
-    with pytest.raises(IndexError_, match="3 passages cannot fill 4 shards"):
+    with pytest.raises(IndexFileError, match="3 passages cannot fill 4 shards"):
         write_index(tmp_path / "iy", ["a", "b", "c"], ["x"] * 3, np.eye(3, dtype=np.float32), "enc", shards=4)
 
 
@@ -50,7 +50,7 @@ def test_nan_vectors_are_refused_and_nan_scores_rank_last(tmp_path):
 
     bad = np.eye(3, dtype=np.float32)
     bad[1, 0] = np.nan
-    with pytest.raises(IndexError_, match="passage 'b' has a vector with NaN"):
+    with pytest.raises(IndexFileError, match="passage 'b' has a vector with NaN"):
         write_index(tmp_path / "ix", ["a", "b", "c"], ["x"] * 3, bad, "enc")
     rows, _ = top_k(np.array([[np.nan, 0.5, 0.1, np.nan]], np.float32), np.array(["a", "b", "c", "d"], dtype=object), 3)
     assert rows[0][:2].tolist() == [1, 2]

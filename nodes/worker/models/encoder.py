@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
-from shoal.nodes.worker.models.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
+from shoal.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
 
 
 class Encoder:

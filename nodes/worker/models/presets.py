@@ -8,7 +8,7 @@ PRESETS: dict[str, dict] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
     ),
-    # BENCHMARKS.md W1: ~100M parameters.
+    # the W1 benchmark's model: ~100M parameters.
     "small": dict(
         hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
         num_key_value_heads=4, head_dim=64, vocab_size=32000, max_position_embeddings=4096,

@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.protocol.codec import Message, decode, encode, new_message_id
 
 # Seconds to wait for a reply; tests with injected faults shorten it.
@@ -47,7 +47,7 @@ class RpcClient:
         self.address = address
         self.ctx = ctx or zmq.Context.instance()
         if isinstance(curve_keys, (str, os.PathLike)):
-            from shoal.nodes.curve import CurveKeys
+            from shoal.transport.curve import CurveKeys
 
             curve_keys = CurveKeys.load(curve_keys)
         self.keys = curve_keys = sockets.resolve_keys(curve_keys)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import zmq
 
-from shoal.nodes import curve
-from shoal.nodes.faults import FaultPlan, FaultySocket
+from shoal.transport import curve
+from shoal.transport.faults import FaultPlan, FaultySocket
 
 FROM_ENV = object()  # keys argument: read SHOAL_CURVE_KEYS
 

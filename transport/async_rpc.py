@@ -10,10 +10,10 @@ import logging
 
 import zmq.asyncio
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.protocol.codec import Message, decode, encode, new_message_id
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import DEFAULT_TIMEOUT_S, RemoteError
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError
 
 log = logging.getLogger(__name__)
 

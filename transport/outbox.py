@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from shoal.nodes import sockets
+from shoal.transport import sockets
 from shoal.protocol.codec import Message, decode, encode, new_message_id
 from shoal.protocol.errors import ProtocolError
-from shoal.rpc import DEFAULT_TIMEOUT_S
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 

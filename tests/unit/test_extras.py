@@ -1,0 +1,38 @@
+"""Without an extra's packages, a command names the extra to install."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from shoal.extras import MissingExtra, need
+
+# Makes one module impossible to import in a fresh interpreter, as on a machine
+# where the extra that brings it was not installed.
+BLOCK = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == {blocked!r} or name.startswith({blocked!r} + "."):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_need_names_the_extra():
+    assert need("json", "node", "x").dumps(1) == "1"
+    with pytest.raises(MissingExtra, match=r'a thing needs no_such_module_x.*pip install "shoal\[node\]"'):
+        need("no_such_module_x", "node", "a thing")
+
+
+def test_a_local_cluster_without_the_node_extra_says_what_to_install(tiny_model, tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"id": 1, "prompt": "hi"}\n')
+    code = BLOCK.format(blocked="etcd3") + (
+        "from shoal.cli import main\n"
+        f"raise SystemExit(main(['generate', '--model', {str(tiny_model)!r}, '--input', {str(tmp_path / 'in.jsonl')!r},"
+        f" '--output', {str(tmp_path / 'out.jsonl')!r}]))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert 'pip install "shoal[node]"' in run.stderr and "etcd3" in run.stderr
