@@ -1,7 +1,7 @@
 """The scheduler's job table, logged durably on the storage node: the control plane's
 memory across scheduler deaths.
 
-One JSONL file of job records `{"job_id", "job_key", "program", "params", "total",
+One JSONL file (`append_log.py`) of job records `{"job_id", "job_key", "program", "params", "total",
 "state", "epoch"}`; the latest record of a job is its state, and a job's state only
 moves forward (running -> done | cancelled), so a re-sent or stale record cannot undo a
 newer one. The log also keeps the largest leader epoch it has seen: a record or a
@@ -12,10 +12,9 @@ items run is what the workers report they hold.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import orjson
+from shoal.nodes.append_log import AppendLog
 
 _RANK = {"running": 0, "done": 1, "cancelled": 1}
 REQUIRED = ("job_id", "job_key", "program", "params", "total", "state")
@@ -27,20 +26,15 @@ class StaleEpoch(ValueError):
 
 class JobLog:
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, dict] = {}
         self.epoch = 0
-        if self.path.exists():
-            for line in self.path.read_bytes().split(b"\n"):
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue  # the torn tail of a crash mid-append
-                if "job_id" in rec:
-                    self._apply(rec)
-                self.epoch = max(self.epoch, int(rec.get("epoch", 0)))
-        self.fh = open(self.path, "ab")
+        # Each record is committed as it is written (a job's state change is rare).
+        self.log = AppendLog(path, self._recovered)
+
+    def _recovered(self, _offset: int, rec: dict) -> None:
+        if "job_id" in rec:
+            self._apply(rec)
+        self.epoch = max(self.epoch, int(rec.get("epoch", 0)))
 
     def check_epoch(self, epoch: int) -> None:
         """Accepts commands from this epoch on; refuses older ones."""
@@ -69,9 +63,8 @@ class JobLog:
             self._write(rec)
 
     def _write(self, rec: dict) -> None:
-        self.fh.write(orjson.dumps(rec) + b"\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        self.log.append(rec)
+        self.log.commit()
 
     def close(self) -> None:
-        self.fh.close()
+        self.log.close()

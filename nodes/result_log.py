@@ -1,54 +1,32 @@
-"""A job's result log on the storage node's disk: an append-only JSONL write-ahead log.
+"""A job's result log on the storage node's disk: an append-only JSONL write-ahead log
+(`append_log.py`: group commit, a torn tail cut off on open).
 
 First writer wins per item id: a record whose id is already in the log is counted as a
-duplicate and dropped, so at-least-once delivery never shows an item twice. Appends are
-buffered and made durable by `commit()` (one fsync for however many records arrived
-since the last one: group commit). On open, a torn last line from a crash mid-write is
-cut off; every record before it is intact.
+duplicate and dropped, so at-least-once delivery never shows an item twice.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import orjson
+
+from shoal.nodes.append_log import AppendLog
 
 
 class ResultLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.offsets: list[int] = []  # byte offset of each record, in log order
         self.ids: set[bytes] = set()
         self.failed = 0  # records whose finish_reason is "error"
-        self._recover()
-        self.fh = open(self.path, "ab")
-        self._dirty = False
+        self.log = AppendLog(self.path, self._recovered)
 
-    def _recover(self) -> None:
-        if not self.path.exists():
-            return
-        good = 0
-        with open(self.path, "rb") as fh:
-            data = fh.read()
-        pos = 0
-        while pos < len(data):
-            end = data.find(b"\n", pos)
-            if end < 0:
-                break  # torn tail: no newline
-            try:
-                rec = orjson.loads(data[pos:end])
-                key = orjson.dumps(rec["id"])
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                break
-            self.offsets.append(pos)
-            self.ids.add(key)
-            self.failed += rec.get("finish_reason") == "error"
-            pos = good = end + 1
-        if good < len(data):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(good)
+    def _recovered(self, offset: int, rec: dict) -> None:
+        key = orjson.dumps(rec["id"])
+        self.offsets.append(offset)
+        self.ids.add(key)
+        self.failed += rec.get("finish_reason") == "error"
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -65,25 +43,19 @@ class ResultLog:
             if key in self.ids:
                 dup += 1
                 continue
-            line = orjson.dumps(rec) + b"\n"
-            self.offsets.append(self.fh.tell())
-            self.fh.write(line)
+            self.offsets.append(self.log.append(rec))
             self.ids.add(key)
             self.failed += rec.get("finish_reason") == "error"
             written += 1
-        self._dirty = self._dirty or written > 0
         return written, dup
 
     def commit(self) -> None:
-        if self._dirty:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self._dirty = False
+        self.log.commit()
 
     def read(self, offset: int, limit: int, max_bytes: int | None = None) -> list[dict]:
         """Committed-or-buffered records [offset, offset + limit) in log order; fewer
         if their lines pass `max_bytes` (at least one)."""
-        self.fh.flush()
+        self.log.flush()
         out, size = [], 0
         with open(self.path, "rb") as fh:
             for start in self.offsets[offset : offset + limit]:
@@ -96,5 +68,4 @@ class ResultLog:
         return out
 
     def close(self) -> None:
-        self.commit()
-        self.fh.close()
+        self.log.close()

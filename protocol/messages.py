@@ -53,7 +53,7 @@ CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (
 # -- placement: scheduler <-> worker -------------------------------------------------------
 ASSIGN = _declare(M("AssignSequences", "Sequences ({seq_id, item}) for a worker to run as coroutines of the job's "
                     "program; carries the leader's epoch.", (
-    F("epoch", "int"), F("job_id", "str"), F("sequences", "list"), F("report_to", "str", ""),
+    F("epoch", "int"), F("job_id", "str"), F("sequences", "list[dict]", keys=("seq_id",)), F("report_to", "str", ""),
     F("storage", "str", ""), F("program", "str", "generate"), F("args", "dict", dict))))
 ASSIGN_ACK = _declare(M("AssignAck", "Which assigned sequences a worker took; refused ones carry their error.", (
     F("job_id", "str"), F("accepted", "int"), F("refused", "list", list))))
@@ -62,8 +62,8 @@ STATS = _declare(M("Stats", "A node's counters, queue depths and engine state.",
     F("role", "str"), F("node_id", "str"), F("stats", "dict"))))
 PROGRESS = _declare(M("ProgressReport", "A worker's batched progress: finished ids (stored), counters, load, and "
                       "sequences it moved to other workers ([seq_id, node_id] pairs).", (
-    F("node_id", "str"), F("finished", "list", list), F("stats", "dict", dict), F("job_id", "str", ""),
-    F("failed", "list", list), F("tokens", "int", 0), F("moved", "list", list))))
+    F("node_id", "str"), F("finished", "list[id]", list), F("stats", "dict", dict), F("job_id", "str", ""),
+    F("failed", "list[id]", list), F("tokens", "int", 0), F("moved", "list[pair]", list))))
 PROGRESS_ACK = _declare(M("ProgressAck", "The scheduler took a ProgressReport.", (F("epoch", "int", 0),)))
 SEQUENCE_STATE = _declare(M("SequenceState", "A sequence's exported state (protocol/sequence_state.py), KV optional.", (
     F("state", "dict"),), blobs=("kv",)))
@@ -92,13 +92,13 @@ RESULT_COUNT = _declare(M("ResultCount", "A job's stored results and how many of
 HOLDING_QUERY = _declare(M("HoldingQuery", "A new leader asks what a worker holds, and where to report from now on.", (
     F("epoch", "int"), F("report_to", "str"))))
 HOLDING = _declare(M("Holding", "The sequences a worker holds (queued, running, or finished but not yet stored), by job.", (
-    F("node_id", "str"), F("jobs", "dict"))))
+    F("node_id", "str"), F("jobs", "dict[list]"))))
 
 # -- moving sequences: scheduler -> worker, worker -> worker -------------------------------
 MIGRATE = _declare(M("MigrateSequences", "Move sequences of a job to another worker: the listed seq_ids, or `count` "
                      "of the source's choosing (queued ones first); count < 0 means all.", (
     F("epoch", "int"), F("job_id", "str"), F("to_node", "str"), F("to_address", "str"),
-    F("seq_ids", "list", list), F("count", "int", 0))))
+    F("seq_ids", "list[id]", list), F("count", "int", 0))))
 MIGRATE_ACK = _declare(M("MigrateAck", "The source will move up to `accepted` sequences (reported as moved when done).", (
     F("job_id", "str"), F("accepted", "int"))))
 IMPORT_CHUNK = _declare(M("ImportChunk", "One chunk of a moving sequence's KV blob; re-sending a chunk is harmless.", (
@@ -108,7 +108,8 @@ IMPORT_CHUNK_ACK = _declare(M("ImportChunkAck", "The chunk is held for the trans
 IMPORT_SEQUENCE = _declare(M("ImportSequence", "Take over a sequence ({seq_id, item, state}) whose KV came in `chunks` "
                              "ImportChunks of this transfer (0: none); idempotent on the seq id.", (
     F("transfer_id", "str"), F("job_id", "str"), F("program", "str"), F("args", "dict", dict),
-    F("sequence", "dict"), F("chunks", "int", 0), F("storage", "str", ""), F("report_to", "str", ""))))
+    F("sequence", "dict", keys=("seq_id", "item")), F("chunks", "int", 0), F("storage", "str", ""),
+    F("report_to", "str", ""))))
 IMPORT_ACK = _declare(M("ImportAck", "The target holds the sequence now (the source may free it).", (
     F("job_id", "str"), F("seq_id", "any"))))
 DRAIN = _declare(M("DrainWorker", "Stop admitting work, let the scheduler move what is held, then leave and exit.", (
@@ -116,17 +117,17 @@ DRAIN = _declare(M("DrainWorker", "Stop admitting work, let the scheduler move w
 DRAIN_NODE = _declare(M("DrainNode", "Ask the scheduler to drain a worker (from a client, through the router).", (
     F("node_id", "str"),)))
 MIGRATE_REQUEST = _declare(M("MigrateRequest", "Ask the scheduler to move a job's sequences (all, or seq_ids) to a worker.", (
-    F("job_id", "str"), F("to_node", "str"), F("seq_ids", "list", list))))
+    F("job_id", "str"), F("to_node", "str"), F("seq_ids", "list[id]", list))))
 OPS_ACK = _declare(M("OpsAck", "What an ops request set in motion.", (F("detail", "dict", dict),)))
 
 # -- results: worker -> storage ------------------------------------------------------------
 WRITE_CHECKPOINTS = _declare(M("WriteCheckpoints", "Sequence states without KV ({id, state}) to restart from if their "
                                "worker dies; storage keeps a state only if it is ahead of the one it has.", (
-    F("job_id", "str"), F("checkpoints", "list"))))
+    F("job_id", "str"), F("checkpoints", "list[dict]", keys=("id", "state")))))
 CHECKPOINT_ACK = _declare(M("CheckpointAck", "The checkpoints are on disk (`kept` of them were new).", (
     F("job_id", "str"), F("kept", "int"))))
 WRITE_RESULTS = _declare(M("WriteResults", "Result records to persist; first writer wins per item id.", (
-    F("job_id", "str"), F("records", "list"))))
+    F("job_id", "str"), F("records", "list[dict]", keys=("id",)))))
 WRITE_ACK = _declare(M("WriteAck", "Records are durable (after group commit).", (
     F("job_id", "str"), F("written", "int"), F("duplicates", "int", 0))))
 
@@ -148,7 +149,7 @@ MANIFEST_PAGE = _declare(M("ManifestPage", "SuperBatch ids from `offset` in mani
     F("job_id", "str"), F("ids", "list[str]"), F("next_offset", "int"), F("total", "int"))))
 ASSIGN_SUPERBATCHES = _declare(M("AssignSuperBatches", "SuperBatches ({id, slices: [[partition, start, end]]}) for a "
                                  "worker to embed; texts come from `storage`; idempotent on the ids.", (
-    F("epoch", "int"), F("job_id", "str"), F("superbatches", "list"), F("storage", "str"), F("report_to", "str", ""),
+    F("epoch", "int"), F("job_id", "str"), F("superbatches", "list[dict]", keys=("id", "slices")), F("storage", "str"), F("report_to", "str", ""),
     F("encoder", "str"), F("vector_dtype", "str", "float32"))))
 READ_TEXTS = _declare(M("ReadTexts", "The texts of an embedding job's rows, slice by slice ([[partition, start, end]]).", (
     F("job_id", "str"), F("slices", "list"))))

@@ -27,6 +27,12 @@ message is a multipart ZeroMQ message `[header, blob0, blob1, ...]`:
   streams, file chunks as they are. A whole message is at most 64 MiB by default; larger
   payloads travel in chunks.
 
+Field kinds: `str`, `int`, `float`, `bool`, `id` (a string or an integer), `list[id]`,
+`list[int]`, `list[str]`, `list[dict]`, `list[pair]` (two-element lists), `dict`,
+`dict[list]` (every value a list), `list`, `any` (JSON of any shape). A field declared
+with keys requires them in the dict, or in every dict of the list. A field of the wrong
+kind or shape is refused (`invalid_field`) before any handler sees the message.
+
 A request is answered by exactly one reply: the one its description names, or `Error`
 with a code from the table below and a message that names the problem. A node never
 closes the connection over a bad message.
@@ -45,7 +51,8 @@ carries (a sequence id, an upload id, a transfer id): on a timeout, send it agai
 def _field(f) -> str:
     default = "required" if f.required else f"default `{f.default!r}`" if not callable(f.default) \
         else f"default `{f.default.__name__}()`"
-    return f"`{f.name}` ({f.kind}{', or null' if f.nullable else ''}; {default})"
+    keys = f"; each with {', '.join(f'`{k}`' for k in f.keys)}" if f.keys else ""
+    return f"`{f.name}` ({f.kind}{', or null' if f.nullable else ''}{keys}; {default})"
 
 
 def render() -> str:

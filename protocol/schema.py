@@ -23,7 +23,11 @@ _CHECKS = {
     "list[int]": lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
     "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "list": lambda v: isinstance(v, list),
+    "list[id]": lambda v: isinstance(v, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v),
+    "list[dict]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "list[pair]": lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v),
     "dict": lambda v: isinstance(v, dict),
+    "dict[list]": lambda v: isinstance(v, dict) and all(isinstance(x, list) for x in v.values()),
     "any": lambda v: True,
 }
 
@@ -34,6 +38,9 @@ class Field:
     kind: str
     default: Any = REQUIRED
     nullable: bool = False
+    # For a dict, or a list of dicts: keys each must have (a sequence's seq_id, a
+    # record's id), so that a handler never meets an entry it cannot even name.
+    keys: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.kind not in _CHECKS:
@@ -49,6 +56,13 @@ class Field:
         if not _CHECKS[self.kind](value):
             raise ProtocolError(ProtocolError.INVALID_FIELD,
                                 f"{msg_type}.{self.name} must be {self.kind}, got {type(value).__name__} {str(value)[:60]!r}")
+        if self.keys:
+            entries = [("", value)] if isinstance(value, dict) else [(f"[{i}]", v) for i, v in enumerate(value)]
+            for where, entry in entries:
+                missing = [k for k in self.keys if k not in entry]
+                if missing:
+                    raise ProtocolError(ProtocolError.INVALID_FIELD, f"{msg_type}.{self.name}{where} lacks "
+                                        f"{missing[0]!r}: {str(entry)[:60]!r}")
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,25 @@
 """The worker node: the coroutine runtime and its engine on a compute thread, sockets
 on the IO thread.
 
-The IO thread (the node loop) answers Hello, Ping, StatsQuery and AssignSequences at
-once, whatever the model is doing: assignments go into an inbox the compute thread
-drains between steps, where each sequence starts as a program coroutine
-(`program_runner.py`). Finished sequences go to a result-writer thread that sends them
-to storage and retries until storage acknowledges them (at-least-once; storage keeps
-the first copy), so a result is never dropped between the engine and the disk.
+Threads, and what each owns:
+
+- IO thread (the node loop): answers every message at once, whatever the model is
+  doing; puts `Admit` and `Export` commands (`inbox.py`) on the inbox. It never waits
+  on the engine.
+- compute thread (`compute_thread.py`): owns the engine, the models and the program
+  runner: drains the inbox between steps, steps the engine, runs programs between
+  their operations, exports sequences that move and takes in imported ones.
+- result writer (`result_writer.py`): delivers checkpoints, results, embeddings and
+  moves until acknowledged; a result is reported done only once storage holds it.
+- sequence mover (`sequence_mover.py`): sends migrating sequences (state and KV) to
+  their targets; `_moved` / `_move_failed` come back on it.
+- retrieve thread and its shard-search pool (`retrieve_executor.py`), SuperBatch
+  reader (`superbatch_runner.py`), watchdog (`_watch_progress`: exits if the compute
+  thread stalls), the lease keep-alive and etcd's watch callbacks.
+
+Shared between threads: `holding` (job -> sequence ids held: assigned and not yet
+stored, or moving), under `_holding_lock` (IO, writer and mover threads); the job table
+`jobs` (written by the IO thread, read by the others); everything else crosses by queue.
 """
 
 from __future__ import annotations
@@ -17,8 +30,6 @@ import queue
 import threading
 import time
 
-import orjson
-
 from shoal.extras import need
 
 need("torch", "worker", "a worker node")
@@ -27,19 +38,17 @@ from shoal.nodes.node import Node, node_arg_parser, open_by_default, parse_node_
 from shoal.transport.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.protocol.size_limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, by_size
-from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
 
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
-from shoal.nodes.worker.program_runner import ProgramRunner, error_record
+from shoal.nodes.worker.inbox import Admit, Export
+from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
+from shoal.transport.delivery import RpcClients, deliver
+from shoal.nodes.worker.program_runner import ProgramRunner
 from shoal.nodes.worker.compute_thread import ComputeThread
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
 
 log = logging.getLogger(__name__)
-
-WRITE_BATCH = 256
-WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 
 class WorkerNode(Node):
@@ -57,17 +66,10 @@ class WorkerNode(Node):
         self.holding: dict[str, set] = {}  # job_id -> ids assigned and not yet stored
         self._holding_lock = threading.Lock()  # the IO and result-writer threads share it
         self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
-        # Work for the compute thread: ("assign", job_id, program, args, seqs, kv by seq id)
-        # and ("migrate", job_id, seq_ids, count, to_node, to_address).
-        self.inbox: queue.Queue = queue.Queue()
-        self.moved: queue.Queue = queue.Queue()  # (job_id, seq_id, to_node) to report
+        self.inbox: queue.Queue = queue.Queue()  # Admit and Export commands for the compute thread
         self.link_bytes_per_s = link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
         self.generation = 0  # bumped when a lost lease makes us drop everything
-        self._writing = False  # the result writer holds entries it has not delivered yet
-        self._wake_writer = threading.Event()
-        self.results: queue.Queue = queue.Queue()  # (job_id, record, tokens) to store
-        self.checkpoints: queue.Queue = queue.Queue()  # (job_id, {"id", "state"}) to store
         self.step_times: list[float] = []
         # The engine's counters as of its last step (read by the IO thread); its state
         # at start until then, so that a job's stats can be taken as a difference.
@@ -97,8 +99,7 @@ class WorkerNode(Node):
             self.addresses = AddressBook(self.view)
         self.encoder = encoder
         self.superbatches = None  # SuperBatches of embedding jobs, on workers with an encoder
-        self.embedded: queue.Queue = queue.Queue()  # (job_id, work, Arrow IPC blob) to store
-        self._reader_clients: dict = {}  # the SuperBatch reader thread's own sockets
+        self._reader_clients = RpcClients(self.ctx)  # the SuperBatch reader thread's own sockets
         if encoder is not None:
             from shoal.nodes.worker.embed_executor import EmbedExecutor
             from shoal.nodes.worker.superbatch_runner import SuperBatchRunner
@@ -121,10 +122,13 @@ class WorkerNode(Node):
         if self.registration is not None:
             self.registration.on_rejoin = self._let_go
         self.compute = compute or ComputeThread()
-        self._writer = threading.Thread(target=self._write_loop, name="result-writer", daemon=True)
+        self.writer = ResultWriter(node_id, RpcClients(self.ctx), self.jobs, self._storage_of, self._delivered,
+                                   self.held, self.counters, self._stop,
+                                   encoder.fingerprint if encoder is not None else "",
+                                   self.superbatches.release if self.superbatches is not None else None)
         self._watchdog = threading.Thread(target=self._watch_progress, name="watchdog", daemon=True)
         self.compute.submit(self._compute_loop).add_done_callback(self._compute_ended)
-        self._writer.start()
+        self.writer.start()
         self._watchdog.start()
 
     def _compute_ended(self, future) -> None:
@@ -185,7 +189,7 @@ class WorkerNode(Node):
         self.counters["sequences.duplicate"] += len(msg["sequences"]) - len(seqs)
         self._take_job(msg)
         if seqs:
-            self.inbox.put(("assign", msg["job_id"], msg["program"], msg["args"], seqs, {}))
+            self.inbox.put(Admit(msg["job_id"], msg["program"], msg["args"], seqs))
         self.counters["sequences.assigned"] += len(seqs)
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": len(seqs), "refused": []}, reply_to=msg.id)
 
@@ -211,18 +215,9 @@ class WorkerNode(Node):
         from shoal.protocol.arrow_table import table_from_ipc
 
         job = self.jobs.get(job_id, {})
-        reply = None
-        clients = self._reader_clients
-        backoff = 0.1
-        while reply is None and not self._stop.is_set():
-            to = self._storage_of(job)
-            try:
-                reply = self._rpc(clients, to).request("ReadTexts", {"job_id": job_id, "slices": slices},
-                                                       timeout=WRITE_TIMEOUT_S)
-            except (TimeoutError, RemoteError, OSError) as e:
-                log.warning("[embed] texts of %s from %s not read (%s); retrying", job_id, to, e)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+        reply = deliver(self._reader_clients, lambda: self._storage_of(job), "ReadTexts",
+                        {"job_id": job_id, "slices": slices}, self._stop, timeout=WRITE_TIMEOUT_S,
+                        what=f"a text read of {job_id}")
         if reply is None:
             return []
         table = table_from_ipc(reply.blobs["table"])
@@ -235,7 +230,7 @@ class WorkerNode(Node):
         self._fence(msg["epoch"])
         if msg["to_node"] == self.node_id:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"cannot migrate sequences of {self.node_id} to itself")
-        self.inbox.put(("migrate", msg["job_id"], msg["seq_ids"], msg["count"], msg["to_node"], msg["to_address"]))
+        self.inbox.put(Export(msg["job_id"], msg["seq_ids"], msg["count"], msg["to_node"], msg["to_address"]))
         accepted = len(msg["seq_ids"]) if msg["seq_ids"] else msg["count"]
         return encode("MigrateAck", {"job_id": msg["job_id"], "accepted": accepted}, reply_to=msg.id)
 
@@ -265,7 +260,7 @@ class WorkerNode(Node):
             fresh = seq["seq_id"] not in held
             held.add(seq["seq_id"])
         if fresh:
-            self.inbox.put(("assign", msg["job_id"], msg["program"], msg["args"], [seq], {seq["seq_id"]: kv}))
+            self.inbox.put(Admit(msg["job_id"], msg["program"], msg["args"], [seq], {seq["seq_id"]: kv}))
             self.counters["sequences.imported"] += 1
         return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
 
@@ -281,7 +276,7 @@ class WorkerNode(Node):
     def stats(self) -> dict:
         resident = len(self.runner)
         in_engine = len(self.engine.seqs)
-        return {**super().stats(), "inbox": self.inbox.qsize(), "unwritten": self.results.qsize(),
+        return {**super().stats(), "inbox": self.inbox.qsize(), "unwritten": self.writer.results.qsize(),
                 "draining": self.draining, "checkpoint_s": self.runner.checkpoint_seconds,
                 "sequences": {"resident": resident, "in_engine": in_engine, "waiting_on_ops": resident - in_engine,
                               "moving": self.mover.busy, "parked": [key[1] for key in self.engine.parked],
@@ -296,8 +291,9 @@ class WorkerNode(Node):
 
     # -- compute thread --------------------------------------------------------------------
 
-    def _admit(self, job_id: str, program: str, args: dict, seqs: list[dict], kvs: dict) -> None:
-        for s in seqs:
+    def _admit(self, cmd: Admit) -> None:
+        job_id, program, args, kvs = cmd.job_id, cmd.program, cmd.args, cmd.kv
+        for s in cmd.sequences:
             item = s.get("item")
             if item is None:  # a protocol 1.2 scheduler sends the generate program's fields
                 program, args = "generate", s.get("params", {})
@@ -305,14 +301,15 @@ class WorkerNode(Node):
             # Refused input is a result too: the job records the error, nothing is lost.
             for done in self.runner.admit(job_id, program, args, {**item, "id": s["seq_id"]}, s.get("state"),
                                           kvs.get(s["seq_id"])):
-                self._to_writer(self.results, done)
+                self.writer.put(self.writer.results, done)
                 self.counters["sequences.refused"] += 1
 
-    def _export(self, job_id: str, seq_ids: list, count: int, to_node: str, to_address: str) -> None:
+    def _export(self, cmd: Export) -> None:
         """Takes sequences out of the engine and hands them to the mover, with their KV
         when shipping it beats the target prefilling it again."""
-        keys = [(job_id, s) for s in seq_ids if (job_id, s) in self.runner.coros] if seq_ids \
-            else self.runner.movable(job_id, count)
+        job_id, to_node, to_address = cmd.job_id, cmd.to_node, cmd.to_address
+        keys = [(job_id, s) for s in cmd.seq_ids if (job_id, s) in self.runner.coros] if cmd.seq_ids \
+            else self.runner.movable(job_id, cmd.count)
         for key in keys:
             program, args, item = self.runner.describe(key)
             try:
@@ -336,14 +333,14 @@ class WorkerNode(Node):
         with self._holding_lock:
             self.holding.get(job_id, set()).discard(seq_id)
         self.counters["migrations.done"] += 1
-        self._to_writer(self.moved, (job_id, seq_id, to_node))
+        self.writer.put(self.writer.moved, (job_id, seq_id, to_node))
 
     def _move_failed(self, out: Outbound) -> None:
         """Mover thread: the transfer failed, so the sequence continues here."""
         self.counters["migrations.failed"] += 1
         if out.generation != self.generation:  # we rejoined meanwhile: it was placed again elsewhere
             return
-        self.inbox.put(("assign", out.job_id, out.program, out.args, [out.sequence], {out.sequence["seq_id"]: out.kv}))
+        self.inbox.put(Admit(out.job_id, out.program, out.args, [out.sequence], {out.sequence["seq_id"]: out.kv}))
 
     def _drain_inbox(self) -> None:
         """Admits every waiting assignment; waits briefly for one when the engine is idle."""
@@ -352,10 +349,10 @@ class WorkerNode(Node):
         except queue.Empty:
             return
         while True:
-            if item[0] == "assign":
-                self._admit(*item[1:])
+            if isinstance(item, Admit):
+                self._admit(item)
             else:
-                self._export(*item[1:])
+                self._export(item)
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -381,7 +378,7 @@ class WorkerNode(Node):
                 embedding = self.superbatches is not None and self.superbatches.has_work()
                 if embedding:
                     for work, blob in self.superbatches.step():
-                        self._to_writer(self.embedded, (work.job_id, work, blob))
+                        self.writer.put(self.writer.embedded, (work.job_id, work, blob))
                 finished = self.runner.step(idle_wait=not embedding) if self.runner.has_work() else []
             except Exception:  # an engine bug must not silently stop the worker
                 self.counters["errors.step"] += 1
@@ -389,9 +386,9 @@ class WorkerNode(Node):
                 time.sleep(0.5)
                 continue
             for done in finished:
-                self._to_writer(self.results, done)
+                self.writer.put(self.writer.results, done)
             for ckpt in self.runner.checkpoints:
-                self._to_writer(self.checkpoints, ckpt)
+                self.writer.put(self.writer.checkpoints, ckpt)
             self.runner.checkpoints.clear()
             steps += 1
             self.step_times.append(time.perf_counter() - t)
@@ -417,7 +414,7 @@ class WorkerNode(Node):
         while True:
             try:
                 item = self.inbox.get_nowait()
-                dropped += len(item[4]) if item[0] == "assign" else 0
+                dropped += len(item.sequences) if isinstance(item, Admit) else 0
             except queue.Empty:
                 break
         with self._holding_lock:
@@ -433,8 +430,7 @@ class WorkerNode(Node):
             holding = any(self.holding.values())
         superbatches = self.superbatches is not None and bool(self.superbatches.held)
         return not (holding or superbatches or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
-                    or self._writing or self.results.qsize() or self.checkpoints.qsize() or self.moved.qsize()
-                    or self.embedded.qsize())
+                    or self.writer.busy())
 
     def _watch_progress(self) -> None:
         """A step loop that stops making progress while holding work revokes this
@@ -459,155 +455,10 @@ class WorkerNode(Node):
 
     # -- result writer thread ----------------------------------------------------------------
 
-    def _rpc(self, clients: dict, address: str) -> RpcClient:
-        if address not in clients:
-            clients[address] = RpcClient(address, self.ctx)
-        return clients[address]
-
-    def _deliver(self, clients: dict, address, msg_type: str, fields: dict, what: str) -> bool:
-        """Sends until acknowledged (the receiver deduplicates by id), with capped
-        backoff. `address` is called before each try: a progress report follows the
-        leader when a new one takes over. False if the address is gone."""
-        backoff = 0.1
-        while not self._stop.is_set():
-            to = address()
-            if not to:
-                return False
-            try:
-                # A new leader that takes over changes the address: stop waiting on the old one.
-                self._rpc(clients, to).request(msg_type, fields, timeout=WRITE_TIMEOUT_S,
-                                               abandon=lambda: address() != to)
-                return True
-            except (TimeoutError, RemoteError, OSError) as e:
-                log.warning("[deliver] %s to %s not acknowledged (%s); retrying", what, to, e)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-        return False
-
-    @staticmethod
-    def _take(q: queue.Queue, timeout: float) -> list:
-        """Up to WRITE_BATCH entries: waits up to `timeout` for the first."""
-        try:
-            batch = [q.get(timeout=timeout) if timeout else q.get_nowait()]
-        except queue.Empty:
-            return []
-        while len(batch) < WRITE_BATCH:
-            try:
-                batch.append(q.get_nowait())
-            except queue.Empty:
-                break
-        return batch
-
-    def _write_checkpoints(self, clients: dict, batch: list) -> None:
-        by_job: dict[str, dict] = {}
-        for job_id, entry in batch:  # the newest checkpoint of a sequence replaces older ones
-            if len(orjson.dumps(entry)) > MAX_CHECKPOINT_BYTES:
-                # It could never travel with its item; the sequence keeps its last one that could.
-                self.counters["checkpoints.too_large"] += 1
-                continue
-            by_job.setdefault(job_id, {})[repr(entry["id"])] = entry
-        for job_id, entries in by_job.items():
-            job = self.jobs.get(job_id, {})
-            for part in by_size(list(entries.values()), lambda e: len(orjson.dumps(e))):
-                self._deliver(clients, lambda: self._storage_of(job), "WriteCheckpoints",
-                              {"job_id": job_id, "checkpoints": part}, f"{len(part)} checkpoints of {job_id}")
-
-    def _report_moves(self, clients: dict, moved: list) -> None:
-        by_job: dict[str, list] = {}
-        for job_id, seq_id, to_node in moved:
-            by_job.setdefault(job_id, []).append([seq_id, to_node])
-        for job_id, pairs in by_job.items():
-            job = self.jobs.get(job_id, {})
-            self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
-                          {"node_id": self.node_id, "job_id": job_id, "moved": pairs, "stats": {"held": self.held()}},
-                          f"moves of {job_id}")
-
-    def _to_writer(self, q: queue.Queue, entry) -> None:
-        q.put(entry)
-        self._wake_writer.set()
-
-    def _write_loop(self) -> None:
-        """Delivers checkpoints, moves and results until acknowledged. `_writing` is set
-        while it holds entries taken off the queues, so a draining worker does not
-        leave before they are delivered."""
-        clients: dict[str, RpcClient] = {}
-        while not self._stop.is_set():
-            self._writing = True
-            ckpts, moved = self._take(self.checkpoints, 0), self._take(self.moved, 0)
-            batch = self._take(self.results, 0)
-            embedded = self._take(self.embedded, 0)
-            if not (ckpts or moved or batch or embedded):
-                self._writing = False
-                self._wake_writer.wait(1.0)  # set by _to_writer: no polling while idle
-                self._wake_writer.clear()
-                continue
-            try:
-                if ckpts:
-                    self._write_checkpoints(clients, ckpts)
-                if moved:
-                    self._report_moves(clients, moved)
-                if batch:
-                    self._write_results(clients, batch)
-                while embedded:
-                    self._write_embeddings(clients, *embedded[0])
-                    embedded.pop(0)
-            except Exception:  # a bug here must not silently stop delivery: try again later
-                self.counters["errors.writer"] += 1
-                log.exception("[deliver] failed; retrying")
-                for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch),
-                                   (self.embedded, embedded)):
-                    for e in entries:  # storage and the scheduler deduplicate what already went
-                        self._to_writer(q, e)
-                self._stop.wait(1.0)
-        self._writing = False
-
-    def _write_results(self, clients: dict, batch: list) -> None:
-        by_job: dict[str, list] = {}
-        for job_id, rec, tokens in batch:
-            size = len(orjson.dumps(rec))
-            if size > MAX_RECORD_BYTES:  # re-sent forever it would stall every result behind it
-                self.counters["results.too_large"] += 1
-                rec = error_record(rec["id"], f"sequence {rec['id']!r}: result of {size} bytes exceeds the largest "
-                                              f"result a message carries ({MAX_RECORD_BYTES} bytes)")
-            by_job.setdefault(job_id, []).append((rec, tokens))
-        for job_id, all_entries in by_job.items():
-            job = self.jobs.get(job_id, {})
-            for entries in by_size(all_entries, lambda e: len(orjson.dumps(e[0]))):
-                records = [rec for rec, _ in entries]
-                self._deliver(clients, lambda: self._storage_of(job), "WriteResults",
-                              {"job_id": job_id, "records": records}, f"{len(records)} results of {job_id}")
-                self.counters["results.written"] += len(records)
-                with self._holding_lock:
-                    self.holding.get(job_id, set()).difference_update(r["id"] for r in records)
-                if job.get("report_to"):
-                    # Only stored results are reported done: the scheduler never counts
-                    # an item that a crash could still lose.
-                    self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
-                                  {"node_id": self.node_id, "job_id": job_id, "finished": [r["id"] for r in records],
-                                   "failed": [r["id"] for r in records if r.get("finish_reason") == "error"],
-                                   "tokens": sum(t for _, t in entries),
-                                   "stats": {"held": self.held()}}, f"progress of {job_id}")
-
-    def _write_embeddings(self, clients: dict, job_id: str, work, blob: bytes) -> None:
-        """One SuperBatch's vectors to storage, then its progress to the scheduler."""
-        job = self.jobs.get(job_id, {})
-        sb = {"id": work.id, "slices": work.slices}
-        while not self._stop.is_set():
-            to = self._storage_of(job)
-            try:
-                self._rpc(clients, to).request("WriteEmbeddings", {"job_id": job_id, "superbatch": sb,
-                                                                   "encoder": self.encoder.fingerprint,
-                                                                   "truncated": work.truncated},
-                                               {"table": blob}, timeout=WRITE_TIMEOUT_S)
-                break
-            except (TimeoutError, RemoteError, OSError) as e:
-                log.warning("[deliver] %s of %s to %s not acknowledged (%s); retrying", work.id, job_id, to, e)
-                time.sleep(1.0)
-        self.superbatches.release(job_id, work.id)
-        if job.get("report_to"):
-            self._deliver(clients, lambda: job.get("report_to"), "ProgressReport",
-                          {"node_id": self.node_id, "job_id": job_id, "finished": [work.id], "tokens": work.size,
-                           "stats": {"held": self.held()}}, f"progress of {job_id}")
+    def _delivered(self, job_id: str, seq_ids: list) -> None:
+        """Result-writer thread: these sequences' results are stored; they are no longer held."""
+        with self._holding_lock:
+            self.holding.get(job_id, set()).difference_update(seq_ids)
 
     def _storage_of(self, job: dict) -> str:
         """A job's storage node where it is now (the assignment may name an address it left)."""
@@ -626,7 +477,7 @@ class WorkerNode(Node):
 
     def held(self) -> int:
         """Sequences this worker holds: queued in the inbox or in the engine."""
-        return sum(len(item[4]) for item in list(self.inbox.queue) if item[0] == "assign") + len(self.runner)
+        return sum(len(item.sequences) for item in list(self.inbox.queue) if isinstance(item, Admit)) + len(self.runner)
 
 
 def load_decoder(args):

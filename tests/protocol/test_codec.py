@@ -112,3 +112,24 @@ def test_sender_bugs_are_caught_on_encode():
         encode("Nope", {})
     with pytest.raises(ProtocolError, match="carries no blob"):
         encode("Ping", {}, {"kv": b"x"})
+
+
+def test_nested_shapes_are_checked_before_a_handler_sees_them():
+    """A sequence without its seq_id, a finished id that is a dict, a moved entry that
+    is not a pair: refused by the codec with the place named."""
+    import pytest
+
+    from shoal.protocol.codec import decode, encode
+    from shoal.protocol.errors import ProtocolError
+
+    good = encode("AssignSequences", {"epoch": 1, "job_id": "j", "sequences": [{"seq_id": 1, "item": {}}]})
+    assert decode(good)["sequences"][0]["seq_id"] == 1
+    for msg_type, fields, where in (
+            ("AssignSequences", {"epoch": 1, "job_id": "j", "sequences": [{"seq_id": 1}, {"item": {}}]}, "sequences[1]"),
+            ("ProgressReport", {"node_id": "w", "finished": [{"id": 1}]}, "finished"),
+            ("ProgressReport", {"node_id": "w", "moved": [["s1"]]}, "moved"),
+            ("ImportSequence", {"transfer_id": "t", "job_id": "j", "program": "p", "sequence": {"seq_id": 1}}, "sequence"),
+            ("Holding", {"node_id": "w", "jobs": {"j": 3}}, "jobs")):
+        with pytest.raises(ProtocolError, match=rf"{msg_type}\.{where.replace('[', '.').replace(']', '.')}") as e:
+            encode(msg_type, fields)
+        assert e.value.code == ProtocolError.INVALID_FIELD
