@@ -38,7 +38,8 @@ from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import by_size
-from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError, RpcClient
+from shoal.transport.delivery import RpcClients
+from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError
 from shoal.scheduler import commands as cmd
 from shoal.scheduler.core import DEFAULT_SUPERBATCHES_IN_FLIGHT, SchedulerCore
 from shoal.scheduler.job import EMBED, Job
@@ -80,7 +81,7 @@ class SchedulerNode(Node):
         # assignment to that worker leaving (stats: decision_hist, latency_histogram.py).
         self.reported_at: dict[str, float] = {}
         self.decision = LatencyHistogram()
-        self.clients: dict[str, RpcClient] = {}
+        self.clients = RpcClients(self.ctx)
         # Commands to workers go out without waiting for their acks: one slow worker
         # does not hold up the loop that answers the others' progress reports.
         self.outbox = Outbox(self.ctx)
@@ -145,7 +146,7 @@ class SchedulerNode(Node):
     def _call(self, address: str, msg_type: str, fields: dict, timeout: float = CALL_TIMEOUT_S) -> Message:
         address = self.addresses.current(address)
         try:
-            client = self.clients.get(address) or self.clients.setdefault(address, RpcClient(address, self.ctx))
+            client = self.clients(address)
             # Everything a scheduler sends is idempotent: one lost message is re-sent.
             return client.request(msg_type, fields, timeout=timeout, retries=1)
         except RemoteError as e:

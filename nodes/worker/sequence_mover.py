@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from shoal.protocol.errors import ProtocolError
-from shoal.transport.rpc import RpcClient
+from shoal.transport.delivery import RpcClients
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class SequenceMover:
         self.on_moved, self.on_failed, self.job_info = on_moved, on_failed, job_info
         self.outbox: queue.Queue = queue.Queue()
         self.busy = 0  # sequences queued or in transfer
-        self._clients: dict[str, RpcClient] = {}
+        self._clients = RpcClients(ctx)  # the mover thread's own sockets
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sequence-mover", daemon=True)
         self._thread.start()
@@ -79,9 +79,7 @@ class SequenceMover:
                 self.busy -= 1
 
     def _transfer(self, out: Outbound) -> None:
-        if out.to_address not in self._clients:
-            self._clients[out.to_address] = RpcClient(out.to_address, self.ctx)
-        rpc = self._clients[out.to_address]
+        rpc = self._clients(out.to_address)
         tid = f"{self.node_id}-{uuid.uuid4().hex[:12]}"
         chunks = [out.kv[i:i + CHUNK_BYTES] for i in range(0, len(out.kv), CHUNK_BYTES)] if out.kv else []
         for i, data in enumerate(chunks):
