@@ -39,7 +39,7 @@ from shoal.transport.sockets import fault_plan
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 
-from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
+from shoal.nodes.worker.worker_config import WorkerConfig, add_worker_args, config_from_args, load_decoder, load_encoder
 from shoal.nodes.worker.inbox import Admit, Export
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
@@ -54,20 +54,20 @@ log = logging.getLogger(__name__)
 class WorkerNode(Node):
     role = "worker"
 
-    def __init__(self, node_id: str, engine, storage: str = "", stall_timeout: float = 300.0,
-                 checkpoint_tokens: int = 256, link_bytes_per_s: float = 1.25e9, encoder=None,
-                 encoder_cost: dict | None = None, retrieve_timeout: float = 30.0, retrieve_window_s: float = 0.002,
+    def __init__(self, node_id: str, engine, config: WorkerConfig = WorkerConfig(), encoder=None,
+                 encoder_cost: dict | None = None,
                  compute: ComputeThread | None = None, **kw):
         """`compute`: the thread that loaded `engine` and `encoder`, to run the step loop
         on (`compute_thread.py`); a new one when they were loaded elsewhere."""
         self.engine = engine
-        self.storage = storage  # default storage; an assignment may name its job's own
+        self.config = config
+        self.storage = config.storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
         self.holding: dict[str, set] = {}  # job_id -> ids assigned and not yet stored
         self._holding_lock = threading.Lock()  # the IO and result-writer threads share it
         self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
         self.inbox: queue.Queue = queue.Queue()  # Admit and Export commands for the compute thread
-        self.link_bytes_per_s = link_bytes_per_s  # for the ship-or-re-prefill rule
+        self.link_bytes_per_s = config.link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
         self.generation = 0  # bumped when a lost lease makes us drop everything
         self.step_times: list[float] = []
@@ -80,7 +80,7 @@ class WorkerNode(Node):
         if encoder is not None:  # the scheduler sends SuperBatches to workers with the job's encoder
             cap["encoder"] = encoder.fingerprint
             cap["encoder_cost"] = encoder_cost  # its cost terms on this device, for predictions
-        self.stall_timeout = stall_timeout
+        self.stall_timeout = config.stall_timeout
         self.last_progress = time.monotonic()  # the compute loop's last sign of life
         self._reset = threading.Event()
         self._reset_done = threading.Event()
@@ -89,7 +89,9 @@ class WorkerNode(Node):
         if plan is not None and plan.park_at:
             engine.park_at = dict(plan.park_at)
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
-        self.runner = ProgramRunner(engine, checkpoint_tokens=checkpoint_tokens, counters=self.counters)
+        self.runner = ProgramRunner(engine, checkpoint_tokens=config.checkpoint_tokens, counters=self.counters)
+        if config.allowed_programs is not None:
+            self.runner.allowed_programs = config.allowed_programs
         self.view = self.addresses = None
         if self.etcd:  # deliveries follow a storage node that restarts at a new address
             from shoal.nodes.address_book import AddressBook
@@ -114,8 +116,9 @@ class WorkerNode(Node):
             from shoal.nodes.worker.index_client import IndexClient
             from shoal.nodes.worker.retrieve_executor import RetrieveExecutor
 
-            self.retrieve = RetrieveExecutor(IndexClient(self.etcd, self.cluster, self.ctx, timeout_s=retrieve_timeout),
-                                             self.runner.encode_queue, window_s=retrieve_window_s)
+            self.retrieve = RetrieveExecutor(IndexClient(self.etcd, self.cluster, self.ctx,
+                                                         timeout_s=config.retrieve_timeout),
+                                             self.runner.encode_queue, window_s=config.retrieve_window_s)
             self.runner.executors["retrieve"] = self.retrieve
         self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
                                    lambda job_id: self.jobs.get(job_id, {}))
@@ -480,73 +483,9 @@ class WorkerNode(Node):
         return sum(len(item.sequences) for item in list(self.inbox.queue) if isinstance(item, Admit)) + len(self.runner)
 
 
-def load_decoder(args):
-    """The engine of `--model` (calibrated when its policy needs it), or a stand-in
-    for an encoder-only worker."""
-    if args.model:
-        from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-
-        return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
-                                                  max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
-                                                  kv_cache_bytes=args.kv_cache_bytes))
-    from shoal.nodes.worker.no_decoder import NoDecoder
-
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    return NoDecoder()
-
-
-def load_encoder(args):
-    """The encoder of `--encoder` and its calibrated cost."""
-    import torch
-
-    from shoal.nodes.worker.dtype_choice import choose_dtype
-    from shoal.nodes.worker.encoder_calibration import load_or_calibrate
-    from shoal.nodes.worker.models.encoder import Encoder
-
-    choice = choose_dtype(args.encoder_dtype, args.encoder)
-    logging.getLogger(__name__).info("[dtype] encoder %s: %s", choice.name, choice.reason)
-    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name))
-    return encoder, load_or_calibrate(encoder)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("worker")
-    ap.add_argument("--model", help="a decoder model folder (a worker hosts a decoder, an encoder, or both)")
-    ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
-    ap.add_argument("--dtype", default="auto", choices=list(DTYPE_NAMES),
-                    help="compute dtype; auto: the checkpoint's where this device computes it natively, else float32")
-    ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
-    ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
-    ap.add_argument("--budget", type=int, default=None,
-                    help="max tokens per engine step (default: from the device calibration, else 512)")
-    ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations and "
-                    "embedding jobs' SuperBatches with it")
-    ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
-                    help="the encoder's compute dtype (vectors are stored as the job asks)")
-    ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
-                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse)")
-    ap.add_argument("--offload-bytes", type=int, default=2 << 30,
-                    help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
-                         "not a prefill); 0: they recompute")
-    ap.add_argument("--link-bytes-per-s", type=float, default=1.25e9,
-                    help="bandwidth to other workers, for the rule that ships a moving sequence's KV or drops it")
-    ap.add_argument("--checkpoint-tokens", type=int, default=256,
-                    help="record a sequence's state with storage every N generated tokens (and after every "
-                         "operation), so that a dead worker's sequences restart from there; 0: between operations only")
-    ap.add_argument("--retrieve-timeout", type=float, default=30.0,
-                    help="seconds a Retrieve waits for every shard of its index to answer (failing over between "
-                         "replicas) before its sequence fails with an error")
-    ap.add_argument("--retrieve-window-ms", type=float, default=2.0,
-                    help="queries arriving within this window share one search call per shard")
-    ap.add_argument("--stall-timeout", type=float, default=300.0,
-                    help="seconds without a step, while holding work, before the worker revokes its lease and exits")
-    ap.add_argument("--allow-programs", action="append", default=None, metavar="PATTERN",
-                    help="user programs (package.module:function) this worker may import, shell-style "
-                         "(mypkg.*:*, or a module pattern); repeat for more. Built-ins always run. Default: "
-                         "any on a loopback address, none beyond it")
+    add_worker_args(ap)
     args = parse_node_args(ap, argv)
     if not (args.model or args.encoder):
         ap.error("give --model (a decoder), --encoder, or both")
@@ -555,15 +494,11 @@ def main(argv: list[str] | None = None) -> int:
     compute = ComputeThread()  # every model is loaded, calibrated and run on it
     engine = compute.call(load_decoder, args)
     encoder, encoder_cost = compute.call(load_encoder, args) if args.encoder else (None, None)
-    node = WorkerNode(node_id, engine, args.storage, stall_timeout=args.stall_timeout, encoder=encoder,
-                      encoder_cost=encoder_cost, retrieve_timeout=args.retrieve_timeout, compute=compute,
-                      retrieve_window_s=args.retrieve_window_ms / 1000,
-                      checkpoint_tokens=args.checkpoint_tokens, link_bytes_per_s=args.link_bytes_per_s,
-                      bind=args.bind, etcd=args.etcd,
-                      cluster=args.cluster, advertise=args.advertise)
-    if args.allow_programs is not None or not open_by_default(args):
-        node.runner.allowed_programs = tuple(args.allow_programs or ())
+    config = config_from_args(args, open_by_default(args))
+    node = WorkerNode(node_id, engine, config, encoder=encoder, encoder_cost=encoder_cost, compute=compute,
+                      bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
     return run_node(node, args.metrics_port)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""A worker node's options: the command line (`shoal node worker --help`), the
+`WorkerConfig` the node runs with, and loading the models the options name (on the
+compute thread that will run them)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+
+from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What the worker node itself needs (the engine and encoder come built)."""
+    storage: str = ""  # default storage node; an assignment may name its job's own
+    stall_timeout: float = 300.0  # seconds without a step, while holding work, before it exits
+    checkpoint_tokens: int = 256  # record a sequence's state every N generated tokens
+    link_bytes_per_s: float = 1.25e9  # to other workers: ship a moving sequence's KV or drop it
+    retrieve_timeout: float = 30.0  # seconds a Retrieve waits for every shard of its index
+    retrieve_window_s: float = 0.002  # queries within this window share one search call per shard
+    allowed_programs: tuple[str, ...] | None = None  # user programs it may import; None: any
+
+
+def add_worker_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", help="a decoder model folder (a worker hosts a decoder, an encoder, or both)")
+    ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
+    ap.add_argument("--dtype", default="auto", choices=list(DTYPE_NAMES),
+                    help="compute dtype; auto: the checkpoint's where this device computes it natively, else float32")
+    ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="max tokens per engine step (default: from the device calibration, else 512)")
+    ap.add_argument("--encoder", help="a sentence-transformers folder: this worker runs Embed operations and "
+                    "embedding jobs' SuperBatches with it")
+    ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
+                    help="the encoder's compute dtype (vectors are stored as the job asks)")
+    ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
+                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse)")
+    ap.add_argument("--offload-bytes", type=int, default=2 << 30,
+                    help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
+                         "not a prefill); 0: they recompute")
+    ap.add_argument("--link-bytes-per-s", type=float, default=1.25e9,
+                    help="bandwidth to other workers, for the rule that ships a moving sequence's KV or drops it")
+    ap.add_argument("--checkpoint-tokens", type=int, default=256,
+                    help="record a sequence's state with storage every N generated tokens (and after every "
+                         "operation), so that a dead worker's sequences restart from there; 0: between operations only")
+    ap.add_argument("--retrieve-timeout", type=float, default=30.0,
+                    help="seconds a Retrieve waits for every shard of its index to answer (failing over between "
+                         "replicas) before its sequence fails with an error")
+    ap.add_argument("--retrieve-window-ms", type=float, default=2.0,
+                    help="queries arriving within this window share one search call per shard")
+    ap.add_argument("--stall-timeout", type=float, default=300.0,
+                    help="seconds without a step, while holding work, before the worker revokes its lease and exits")
+    ap.add_argument("--allow-programs", action="append", default=None, metavar="PATTERN",
+                    help="user programs (package.module:function) this worker may import, shell-style "
+                         "(mypkg.*:*, or a module pattern); repeat for more. Built-ins always run. Default: "
+                         "any on a loopback address, none beyond it")
+
+
+def config_from_args(args: argparse.Namespace, open_by_default: bool) -> WorkerConfig:
+    """`open_by_default`: the node listens on loopback, where any user program runs
+    unless --allow-programs narrows it."""
+    allowed = tuple(args.allow_programs or ()) if args.allow_programs is not None or not open_by_default else None
+    return WorkerConfig(args.storage, args.stall_timeout, args.checkpoint_tokens, args.link_bytes_per_s,
+                        args.retrieve_timeout, args.retrieve_window_ms / 1000, allowed)
+
+
+def load_decoder(args):
+    """The engine of `--model` (calibrated when its policy needs it), or a stand-in
+    for an encoder-only worker."""
+    if args.model:
+        from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+
+        return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
+                                                  max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
+                                                  kv_cache_bytes=args.kv_cache_bytes))
+    from shoal.nodes.worker.no_decoder import NoDecoder
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return NoDecoder()
+
+
+def load_encoder(args):
+    """The encoder of `--encoder` and its calibrated cost."""
+    import torch
+
+    from shoal.nodes.worker.dtype_choice import choose_dtype
+    from shoal.nodes.worker.encoder_calibration import load_or_calibrate
+    from shoal.nodes.worker.models.encoder import Encoder
+
+    choice = choose_dtype(args.encoder_dtype, args.encoder)
+    logging.getLogger(__name__).info("[dtype] encoder %s: %s", choice.name, choice.reason)
+    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name))
+    return encoder, load_or_calibrate(encoder)
