@@ -1,9 +1,10 @@
 """The scheduler node: one active leader, elected through etcd; standbys wait.
 
 A thin shell around the scheduler core (`scheduler/core.py`), which makes every
-decision: this node turns messages and membership into the core's events, and carries
-out the commands it returns — reading inputs and SuperBatch plans from storage,
-assigning and moving sequences on workers, logging jobs.
+decision: this node turns messages and membership into the core's events, and
+`command_dispatch.py` carries out the commands it returns — reading inputs and
+SuperBatch plans from storage, assigning and moving sequences on workers, logging jobs.
+One thread runs the loop; nothing it sends to a worker waits for the answer.
 
 Nothing it knows is lost with it. The job table is logged on storage (`job_log.py`); a
 job's progress is its result log there (a page read with pending_only skips the items
@@ -23,11 +24,9 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
-import orjson
-
+from shoal.nodes.command_dispatch import CommandDispatch
 from shoal.nodes.latency_histogram import LatencyHistogram
 from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
@@ -37,10 +36,8 @@ from shoal.transport.outbox import Outbox, Request
 from shoal.program import ProgramError, check_program_name
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
-from shoal.protocol.size_limits import by_size
 from shoal.transport.delivery import RpcClients
 from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError
-from shoal.scheduler import commands as cmd
 from shoal.scheduler.core import DEFAULT_SUPERBATCHES_IN_FLIGHT, SchedulerCore
 from shoal.scheduler.job import EMBED, Job
 from shoal.scheduler.worker_info import WorkerInfo
@@ -85,6 +82,7 @@ class SchedulerNode(Node):
         # Commands to workers go out without waiting for their acks: one slow worker
         # does not hold up the loop that answers the others' progress reports.
         self.outbox = Outbox(self.ctx)
+        self.commands = CommandDispatch(self)
         threading.Thread(target=self._campaign, name="campaign", daemon=True).start()
 
     def _campaign(self) -> None:
@@ -153,25 +151,6 @@ class SchedulerNode(Node):
             raise ProtocolError(e.code, e.message) from None
         except TimeoutError:
             raise ProtocolError(ProtocolError.UNAVAILABLE, f"{self.addresses.name(address)} did not answer {msg_type}") from None
-
-    def _to_worker(self, wid: str, msg_type: str, fields: dict, failed=None) -> None:
-        """Sends a command to a worker without waiting; `failed()` runs if the worker
-        refuses it, leaves, or does not answer twice — unless leadership changed since
-        (the next leader owns the table)."""
-        epoch = self.election.epoch
-
-        def address():
-            worker = self.view.snapshot("worker").get(wid)
-            return worker.info["address"] if worker is not None else None
-
-        def refused(reply) -> bool:
-            why = f"{reply['code']}: {reply['message']}" if reply is not None else "no answer, or it left"
-            log.warning("[command] %s to %s failed (%s)", msg_type, wid, why)
-            if failed is not None and self.ready_epoch == epoch and self.election.is_leader():
-                failed()
-            return True
-
-        self.outbox.send(Request(address, msg_type, fields, on_error=refused, max_tries=2))
 
     def _worker_address(self, wid: str) -> str:
         worker = self.view.snapshot("worker").get(wid)
@@ -283,7 +262,7 @@ class SchedulerNode(Node):
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {msg['to_node']!r} in the cluster")
         moves = self.core.migrate(job.job_id, msg["to_node"], msg["seq_ids"])
         for m in moves:
-            self._execute(m, quiet=False, wait=True)
+            self.commands.execute(m, quiet=False, wait=True)
         return encode("OpsAck", {"detail": {"moving": sum(len(m.seq_ids) for m in moves),
                                             "from": {m.source: len(m.seq_ids) for m in moves}}}, reply_to=msg.id)
 
@@ -356,101 +335,7 @@ class SchedulerNode(Node):
             self._workers = (version, {wid: WorkerInfo.from_member(wid, w.info)
                                        for wid, w in self.view.snapshot("worker").items()})
         self.core.update_workers(self._workers[1])
-        self._run(self.core.tick(time.monotonic()))
-
-    def _run(self, commands: list) -> None:
-        todo = deque(commands)
-        while todo:  # a command's answer is an event that may return more commands
-            todo.extend(self._execute(todo.popleft()))
-
-    def _execute(self, c, quiet: bool = True, wait: bool = False) -> list:
-        """Carries out one command; returns the core's next commands. A failure is
-        logged (the core retries on a later tick) unless `quiet` is off. Commands to
-        workers go out without waiting for their answer, unless `wait` (an operator's
-        request that should hear of a refusal)."""
-        try:
-            return self._carry_out(c, wait)
-        except (ProtocolError, ValueError) as e:
-            if not quiet:
-                raise ProtocolError(getattr(e, "code", ProtocolError.INVALID_FIELD), str(e)) from None
-            log.warning("[job] %s: %s failed (%s); retrying", c.job_id, type(c).__name__, e)
-            return []
-
-    def _carry_out(self, c, wait: bool = False) -> list:
-        core, epoch = self.core, self.election.epoch
-        job = core.jobs.get(c.job_id)
-        if job is None:
-            return []
-        if isinstance(c, cmd.ReadInput):
-            # Read without waiting (storage may be busy group-committing results); the page
-            # is fed to the core when it comes, along with what the core then decides.
-            epoch_now = self.election.epoch
-
-            def read(page) -> None:
-                if self.ready_epoch == epoch_now and self.election.is_leader():
-                    self._run(core.input_read(c.job_id, page["items"], page["checkpoints"], page["next_offset"],
-                                              page["offset"]))
-
-            def unread(reply) -> bool:
-                log.warning("[job] %s: input from %d not read (%s); retrying", c.job_id, c.offset,
-                            f"{reply['code']}: {reply['message']}" if reply is not None else "no answer")
-                core.read_failed(c.job_id, c.offset)
-                return True
-
-            self.outbox.send(Request(lambda: self._job_storage(job), "ReadInput",
-                                     {"job_id": c.job_id, "offset": c.offset, "limit": c.limit, "pending_only": True},
-                                     read, unread, max_tries=2))
-            return []
-        if isinstance(c, cmd.ReadSuperBatchPlan):
-            partitions = self._pages(job, "ReadPartitions", "partitions") if c.partitions else None
-            return core.superbatch_state(c.job_id, partitions, self._pages(job, "ReadManifest", "ids"))
-        if isinstance(c, cmd.AssignSequences):
-            # Items and checkpoints travel in the header: one message per ~512 KiB. If
-            # only the reply is lost they are pending again and may run twice: the worker
-            # drops an assignment it holds already, storage a second result.
-            if (at := self.reported_at.pop(c.worker, None)) is not None:
-                self.decision.add(time.monotonic() - at)
-            # A failed one is pending again (`assign_failed`).
-            for part in by_size(list(c.assignments), lambda a: len(orjson.dumps(a))):
-                self._to_worker(c.worker, "AssignSequences",
-                                {"epoch": epoch, "job_id": c.job_id, "sequences": part, "program": job.program,
-                                 "args": job.params, "report_to": self.advertise, "storage": self._job_storage(job)},
-                                lambda part=part: core.assign_failed(cmd.AssignSequences(c.worker, c.job_id, tuple(part))))
-            return []
-        if isinstance(c, cmd.AssignSuperBatches):
-            self._to_worker(c.worker, "AssignSuperBatches", {
-                "epoch": epoch, "job_id": c.job_id, "storage": self._job_storage(job), "report_to": self.advertise,
-                "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in c.superbatches],
-                "encoder": job.params["encoder"]["fingerprint"],
-                "vector_dtype": job.params.get("vector_dtype", "float32")}, lambda: core.assign_failed(c))
-            return []
-        if isinstance(c, cmd.MigrateSequences):
-            fields = {"epoch": epoch, "job_id": c.job_id, "to_node": c.target,
-                      "to_address": self._worker_address(c.target)}
-            fields.update({"seq_ids": list(c.seq_ids)} if c.seq_ids is not None else {"count": c.count})
-            if wait:
-                self._call(self._worker_address(c.source), "MigrateSequences", fields)
-            else:  # one that fails expires in the core, which plans again
-                self._to_worker(c.source, "MigrateSequences", fields)
-            log.info("[move] %d sequences of %s: %s -> %s", len(c.seq_ids) if c.seq_ids else c.count, c.job_id,
-                     c.source, c.target)
-            return []
-        if isinstance(c, cmd.CountResults):
-            counts = self._call(self._job_storage(job), "ResultCountQuery", {"job_id": c.job_id})
-            return core.results_counted(c.job_id, counts["records"], time.monotonic())
-        if isinstance(c, cmd.LogJob):
-            self._log_job(job)
-            return []
-        raise TypeError(f"unknown command {c!r}")
-
-    def _pages(self, job: Job, msg_type: str, key: str) -> list:
-        out, offset = [], 0
-        while True:
-            page = self._call(self._job_storage(job), msg_type, {"job_id": job.job_id, "offset": offset})
-            out += page[key]
-            if page["next_offset"] >= page["total"] or page["next_offset"] <= offset:
-                return out
-            offset = page["next_offset"]
+        self.commands.run(self.core.tick(time.monotonic()))
 
     def close(self) -> None:
         self.election.resign()

@@ -107,7 +107,7 @@ class SchedulerCore:
         done = set(done_ids)
         job.pending = deque(sb for sid, sb in job.superbatches.items() if sid not in done and sid not in job.placed)
         job.pending_ids = {sb["seq_id"] for sb in job.pending}
-        job.cursor = job.total
+        job.planned = True
         return self._advance(job)
 
     def results_counted(self, job_id: str, records: int, now: float) -> list:

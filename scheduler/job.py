@@ -27,6 +27,7 @@ class Job:
     state: str = "running"
     cursor: int = 0  # next input position to read (pending items only)
     reading: bool = False  # a ReadInput from the cursor is out; its page not yet in
+    planned: bool = False  # an embedding job: its SuperBatch plan and done ids are read
     pending: deque = field(default_factory=deque)  # assignments read but on no worker
     pending_ids: set = field(default_factory=set)
     placed: PlacedTable = field(default_factory=PlacedTable)  # seq_id -> worker id, counted per worker
@@ -47,7 +48,9 @@ class Job:
 
     @property
     def fully_read(self) -> bool:
-        return self.cursor >= self.total
+        """Everything there is to place is known: a generation job's input read to its
+        end, an embedding job's SuperBatch plan read."""
+        return self.planned if self.embedding else self.cursor >= self.total
 
     def weight(self, sid) -> int:
         """What finishing `sid` adds to `done`: a sequence counts 1, a SuperBatch its texts."""
@@ -83,6 +86,7 @@ class Job:
         still out answers for the old cursor: its page is ignored."""
         self.cursor = 0
         self.reading = False
+        self.planned = False
 
 
 def assignment(item: dict, state: dict | None = None) -> dict:
