@@ -30,7 +30,7 @@ WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 class ResultWriter:
     def __init__(self, node_id: str, clients: RpcClients, jobs: dict, storage_of: Callable[[dict], str],
-                 stored: Callable[[str, list], None], held: Callable[[], int], counters, stop: threading.Event,
+                 stored: Callable[[str, list], None], held_count: Callable[[], int], counters, stop: threading.Event,
                  encoder_fingerprint: str = "", release_superbatch: Callable | None = None):
         """`jobs`: the worker's job table (job_id -> {"storage", "report_to"}), read at
         each try so deliveries follow a moved node; `stored(job_id, ids)`: results are
@@ -41,7 +41,7 @@ class ResultWriter:
         self.jobs = jobs
         self.storage_of = storage_of
         self.stored = stored
-        self.held = held
+        self.held_count = held_count
         self.counters = counters
         self.stop = stop
         self.encoder_fingerprint = encoder_fingerprint
@@ -110,7 +110,7 @@ class ResultWriter:
 
     def _report(self, job: dict, fields: dict, what: str) -> None:
         self._send(lambda: job.get("report_to"), "ProgressReport",
-                   {"node_id": self.node_id, **fields, "stats": {"held": self.held()}}, what)
+                   {"node_id": self.node_id, **fields, "stats": {"held": self.held_count()}}, what)
 
     def _write_checkpoints(self, batch: list) -> None:
         by_job: dict[str, dict] = {}

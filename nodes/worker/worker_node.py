@@ -17,8 +17,8 @@ Threads, and what each owns:
   reader (`superbatch_runner.py`), watchdog (`_watch_progress`: exits if the compute
   thread stalls), the lease keep-alive and etcd's watch callbacks.
 
-Shared between threads: `holding` (job -> sequence ids held: assigned and not yet
-stored, or moving), under `_holding_lock` (IO, writer and mover threads); the job table
+Shared between threads: `held` (`held_sequences.py`: the sequence ids held, by job,
+behind one lock: the IO thread adds, the writer and the mover release); the job table
 `jobs` (written by the IO thread, read by the others); everything else crosses by queue.
 """
 
@@ -40,6 +40,7 @@ from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 
 from shoal.nodes.worker.worker_config import WorkerConfig, add_worker_args, config_from_args, load_decoder, load_encoder
+from shoal.nodes.worker.held_sequences import HeldSequences
 from shoal.nodes.worker.inbox import Admit, Export
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
@@ -63,8 +64,7 @@ class WorkerNode(Node):
         self.config = config
         self.storage = config.storage  # default storage; an assignment may name its job's own
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
-        self.holding: dict[str, set] = {}  # job_id -> ids assigned and not yet stored
-        self._holding_lock = threading.Lock()  # the IO and result-writer threads share it
+        self.held = HeldSequences()  # what a new leader is told this worker holds
         self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
         self.inbox: queue.Queue = queue.Queue()  # Admit and Export commands for the compute thread
         self.link_bytes_per_s = config.link_bytes_per_s  # for the ship-or-re-prefill rule
@@ -125,8 +125,8 @@ class WorkerNode(Node):
         if self.registration is not None:
             self.registration.on_rejoin = self._let_go
         self.compute = compute or ComputeThread()
-        self.writer = ResultWriter(node_id, RpcClients(self.ctx), self.jobs, self._storage_of, self._delivered,
-                                   self.held, self.counters, self._stop,
+        self.writer = ResultWriter(node_id, RpcClients(self.ctx), self.jobs, self._storage_of, self.held.release,
+                                   self.held_count, self.counters, self._stop,
                                    encoder.fingerprint if encoder is not None else "",
                                    self.superbatches.release if self.superbatches is not None else None)
         self._watchdog = threading.Thread(target=self._watch_progress, name="watchdog", daemon=True)
@@ -159,8 +159,7 @@ class WorkerNode(Node):
         self._fence(msg["epoch"])
         for job in self.jobs.values():
             job["report_to"] = msg["report_to"]
-        with self._holding_lock:
-            jobs = {job_id: sorted(ids, key=str) for job_id, ids in self.holding.items() if ids}
+        jobs = self.held.by_job()
         if self.superbatches is not None:
             for job_id, ids in self.superbatches.holding().items():
                 jobs.setdefault(job_id, []).extend(sorted(ids))
@@ -185,10 +184,7 @@ class WorkerNode(Node):
         for s in msg["sequences"]:
             if not isinstance(s, dict) or "seq_id" not in s:
                 raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
-        with self._holding_lock:
-            held = self.holding.setdefault(msg["job_id"], set())
-            seqs = [s for s in msg["sequences"] if s["seq_id"] not in held]  # a re-sent assignment runs once
-            held.update(s["seq_id"] for s in seqs)
+        seqs = self.held.take(msg["job_id"], msg["sequences"])  # a re-sent assignment runs once
         self.counters["sequences.duplicate"] += len(msg["sequences"]) - len(seqs)
         self._take_job(msg)
         if seqs:
@@ -253,16 +249,11 @@ class WorkerNode(Node):
         if state.get("fingerprint") != self.engine.fingerprint:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"sequence {seq['seq_id']!r}: state is from model "
                                 f"{state.get('fingerprint')!r}, this worker runs {self.engine.fingerprint!r}")
-        with self._holding_lock:
-            if seq["seq_id"] in self.holding.get(msg["job_id"], ()):  # a re-sent import is taken once
-                return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
+        if self.held.holds(msg["job_id"], seq["seq_id"]):  # a re-sent import is taken once
+            return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
         kv = self.mover.assemble(msg["transfer_id"], msg["chunks"])
         self._take_job(msg, from_leader=False)
-        with self._holding_lock:
-            held = self.holding.setdefault(msg["job_id"], set())
-            fresh = seq["seq_id"] not in held
-            held.add(seq["seq_id"])
-        if fresh:
+        if self.held.take(msg["job_id"], [seq]):
             self.inbox.put(Admit(msg["job_id"], msg["program"], msg["args"], [seq], {seq["seq_id"]: kv}))
             self.counters["sequences.imported"] += 1
         return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
@@ -272,9 +263,9 @@ class WorkerNode(Node):
         (results stored, transfers done) the worker leaves the cluster and exits."""
         self._fence(msg["epoch"])
         if not self.draining:
-            log.info("[drain] %s: draining (holding %d sequences)", self.node_id, self.held())
+            log.info("[drain] %s: draining (holding %d sequences)", self.node_id, self.held_count())
         self.draining = True
-        return encode("OpsAck", {"detail": {"held": self.held()}}, reply_to=msg.id)
+        return encode("OpsAck", {"detail": {"held": self.held_count()}}, reply_to=msg.id)
 
     def stats(self) -> dict:
         resident = len(self.runner)
@@ -333,8 +324,7 @@ class WorkerNode(Node):
         """Mover thread: the target holds the sequence; let it go and tell the scheduler."""
         if generation != self.generation:  # we rejoined meanwhile: what we hold now is new work
             return
-        with self._holding_lock:
-            self.holding.get(job_id, set()).discard(seq_id)
+        self.held.release(job_id, [seq_id])
         self.counters["migrations.done"] += 1
         self.writer.put(self.writer.moved, (job_id, seq_id, to_node))
 
@@ -420,8 +410,7 @@ class WorkerNode(Node):
                 dropped += len(item.sequences) if isinstance(item, Admit) else 0
             except queue.Empty:
                 break
-        with self._holding_lock:
-            self.holding.clear()
+        self.held.clear()
         self.generation += 1
         self.counters["sequences.dropped_on_rejoin"] += dropped
         log.warning("[rejoin] lease lost: dropped %d held sequences; registering again", dropped)
@@ -429,10 +418,8 @@ class WorkerNode(Node):
         self._reset_done.set()
 
     def _drained(self) -> bool:
-        with self._holding_lock:
-            holding = any(self.holding.values())
         superbatches = self.superbatches is not None and bool(self.superbatches.held)
-        return not (holding or superbatches or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
+        return not (self.held.any() or superbatches or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
                     or self.writer.busy())
 
     def _watch_progress(self) -> None:
@@ -458,11 +445,6 @@ class WorkerNode(Node):
 
     # -- result writer thread ----------------------------------------------------------------
 
-    def _delivered(self, job_id: str, seq_ids: list) -> None:
-        """Result-writer thread: these sequences' results are stored; they are no longer held."""
-        with self._holding_lock:
-            self.holding.get(job_id, set()).difference_update(seq_ids)
-
     def _storage_of(self, job: dict) -> str:
         """A job's storage node where it is now (the assignment may name an address it left)."""
         address = job.get("storage") or self.storage
@@ -478,7 +460,7 @@ class WorkerNode(Node):
         self.mover.close()
         super().close()
 
-    def held(self) -> int:
+    def held_count(self) -> int:
         """Sequences this worker holds: queued in the inbox or in the engine."""
         return sum(len(item.sequences) for item in list(self.inbox.queue) if isinstance(item, Admit)) + len(self.runner)
 
