@@ -82,7 +82,7 @@ class SuperBatchRunner:
         self.assigned.put(work)
         return True
 
-    def holding(self) -> dict[str, list]:
+    def held_by_job(self) -> dict[str, list]:
         with self._lock:
             out: dict[str, list] = {}
             for job_id, sb_id in self.held:

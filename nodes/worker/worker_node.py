@@ -161,7 +161,7 @@ class WorkerNode(Node):
             job["report_to"] = msg["report_to"]
         jobs = self.held.by_job()
         if self.superbatches is not None:
-            for job_id, ids in self.superbatches.holding().items():
+            for job_id, ids in self.superbatches.held_by_job().items():
                 jobs.setdefault(job_id, []).extend(sorted(ids))
         return encode("Holding", {"node_id": self.node_id, "jobs": jobs}, reply_to=msg.id)
 
