@@ -14,8 +14,8 @@ Threads, and what each owns:
 - sequence mover (`sequence_mover.py`): sends migrating sequences (state and KV) to
   their targets; `_moved` / `_move_failed` come back on it.
 - retrieve thread and its shard-search pool (`retrieve_executor.py`), SuperBatch
-  reader (`superbatch_runner.py`), watchdog (`_watch_progress`: exits if the compute
-  thread stalls), the lease keep-alive and etcd's watch callbacks.
+  reader (`superbatch_runner.py`), the watchdog (`liveness.py`: leaves when drained,
+  exits if the compute thread stalls), the lease keep-alive and etcd's watch callbacks.
 
 Shared between threads: `held` (`held_sequences.py`: the sequence ids held, by job,
 behind one lock: the IO thread adds, the writer and the mover release); the job table
@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import threading
 import time
 
 from shoal.extras import need
@@ -42,6 +41,7 @@ from shoal.protocol.errors import ProtocolError
 from shoal.nodes.worker.worker_config import WorkerConfig, add_worker_args, config_from_args, load_decoder, load_encoder
 from shoal.nodes.worker.held_sequences import HeldSequences
 from shoal.nodes.worker.inbox import Admit, Export
+from shoal.nodes.worker.liveness import Liveness
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
 from shoal.nodes.worker.program_runner import ProgramRunner
@@ -80,10 +80,6 @@ class WorkerNode(Node):
         if encoder is not None:  # the scheduler sends SuperBatches to workers with the job's encoder
             cap["encoder"] = encoder.fingerprint
             cap["encoder_cost"] = encoder_cost  # its cost terms on this device, for predictions
-        self.stall_timeout = config.stall_timeout
-        self.last_progress = time.monotonic()  # the compute loop's last sign of life
-        self._reset = threading.Event()
-        self._reset_done = threading.Event()
         plan = fault_plan()
         self._stall_after = plan.stall_after_steps if plan is not None else None
         if plan is not None and plan.park_at:
@@ -122,17 +118,17 @@ class WorkerNode(Node):
             self.runner.executors["retrieve"] = self.retrieve
         self.mover = SequenceMover(node_id, self.ctx, self._moved, self._move_failed,
                                    lambda job_id: self.jobs.get(job_id, {}))
+        self.liveness = Liveness(self, config.stall_timeout)
         if self.registration is not None:
-            self.registration.on_rejoin = self._let_go
+            self.registration.on_rejoin = self.liveness.let_go
         self.compute = compute or ComputeThread()
         self.writer = ResultWriter(node_id, RpcClients(self.ctx), self.jobs, self._storage_of, self.held.release,
                                    self.held_count, self.counters, self._stop,
                                    encoder.fingerprint if encoder is not None else "",
                                    self.superbatches.release if self.superbatches is not None else None)
-        self._watchdog = threading.Thread(target=self._watch_progress, name="watchdog", daemon=True)
         self.compute.submit(self._compute_loop).add_done_callback(self._compute_ended)
         self.writer.start()
-        self._watchdog.start()
+        self.liveness.start()
 
     def _compute_ended(self, future) -> None:
         """The step loop only ends by an error: say which (the watchdog then revokes the
@@ -354,9 +350,9 @@ class WorkerNode(Node):
     def _compute_loop(self) -> None:
         steps = 0
         while not self._stop.is_set():
-            self.last_progress = time.monotonic()
-            if self._reset.is_set():
-                self._drop_everything()
+            self.liveness.beat()
+            if self.liveness.reset_requested():
+                self.liveness.drop_everything()
             if self._stall_after is not None and steps >= self._stall_after:
                 time.sleep(3600)  # injected fault: a wedged step loop (the watchdog must notice)
             try:
@@ -389,59 +385,6 @@ class WorkerNode(Node):
 
     def _has_work(self) -> bool:
         return self.runner.has_work() or (self.superbatches is not None and self.superbatches.has_work())
-
-    # -- liveness ----------------------------------------------------------------------------
-
-    def _let_go(self) -> None:
-        """Our lease expired (this process was frozen or cut off): the scheduler has
-        placed our work elsewhere, so drop it before registering again as a new
-        incarnation (a result already computed is still written: storage keeps the
-        first). Runs on the lease thread; the compute thread does the dropping."""
-        self._reset_done.clear()
-        self._reset.set()
-        if not self._reset_done.wait(timeout=60):
-            log.error("[rejoin] the compute thread did not drop its work within 60 s")
-
-    def _drop_everything(self) -> None:
-        dropped = self.runner.drop_all() + (self.superbatches.drop_all() if self.superbatches is not None else 0)
-        while True:
-            try:
-                item = self.inbox.get_nowait()
-                dropped += len(item.sequences) if isinstance(item, Admit) else 0
-            except queue.Empty:
-                break
-        self.held.clear()
-        self.generation += 1
-        self.counters["sequences.dropped_on_rejoin"] += dropped
-        log.warning("[rejoin] lease lost: dropped %d held sequences; registering again", dropped)
-        self._reset.clear()
-        self._reset_done.set()
-
-    def _drained(self) -> bool:
-        superbatches = self.superbatches is not None and bool(self.superbatches.held)
-        return not (self.held.any() or superbatches or self.runner.has_work() or self.inbox.qsize() or self.mover.busy
-                    or self.writer.busy())
-
-    def _watch_progress(self) -> None:
-        """A step loop that stops making progress while holding work revokes this
-        node's lease and stops the process: a wedged worker must not look alive just
-        because its keep-alive thread still runs. Its work is placed elsewhere."""
-        while not self._stop.wait(1.0):
-            if self.draining and self._drained():
-                log.info("[drain] %s holds nothing: leaving the cluster", self.node_id)
-                if self.registration is not None:
-                    self.registration.stop(revoke=True)
-                self.stop()
-                return
-            stalled = time.monotonic() - self.last_progress
-            if stalled > self.stall_timeout and self._has_work():
-                log.error("[watchdog] no step for %.0f s with work held: revoking the lease and stopping", stalled)
-                self.counters["watchdog.stalls"] += 1
-                if self.registration is not None:
-                    self.registration.stop(revoke=True)
-                self.exit_code = 3
-                self.stop()
-                return
 
     # -- result writer thread ----------------------------------------------------------------
 
