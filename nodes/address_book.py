@@ -20,7 +20,7 @@ class AddressBook:
     def __init__(self, view: MemberView):
         self.view = view
         self._owner: dict[str, dict[str, str]] = {}  # address -> role -> the node id that last published it
-        self._last: dict[str, str] = {}  # address -> the node id that last published it, any role
+        self._last: dict[str, tuple[str, str]] = {}  # address -> (role, node id) that last published it
         self._lock = threading.Lock()
         view.listeners.append(self._seen)
         self._seen(view.snapshot())
@@ -30,27 +30,28 @@ class AddressBook:
             for node_id, m in members.items():
                 if m.info.get("address"):
                     self._owner.setdefault(m.info["address"], {})[m.role] = node_id
-                    self._last[m.info["address"]] = node_id
+                    self._last[m.info["address"]] = (m.role, node_id)
 
-    def _node_id(self, address: str, role: str | None) -> str | None:
+    def _publisher(self, address: str, role: str | None) -> tuple[str, str] | None:
+        """(role, node id) of the node that last published `address` (of `role`, if given)."""
         with self._lock:
-            return self._owner.get(address, {}).get(role) if role else self._last.get(address)
+            if role is None:
+                return self._last.get(address)
+            node_id = self._owner.get(address, {}).get(role)
+            return (role, node_id) if node_id else None
 
     def current(self, address: str, role: str | None = None) -> str:
         """The address of the node (of `role`, if given) that published `address`, as it
-        is now (the same address if that node is not a member now, or was never seen)."""
-        node_id = self._node_id(address, role)
-        if node_id is None:
-            return address
-        member = self.view.snapshot().get(node_id)
-        if member is None or (role and member.role != role):
-            return address
-        return member.info.get("address", address)
+        is now (the same address if that node is not a member now, or was never seen).
+        Asked on every delivery and command: one lookup, no copy of the member view."""
+        publisher = self._publisher(address, role)
+        member = self.view.member(*publisher) if publisher else None
+        return member.info.get("address", address) if member is not None else address
 
     def name(self, address: str) -> str:
         """`role node-id (address)` for messages that say who did not answer."""
-        node_id = self._node_id(address, None)
-        member = self.view.snapshot().get(node_id) if node_id else None
-        if member is None:
-            return f"{node_id} ({address})" if node_id else address
-        return f"{member.role} {node_id} ({address})"
+        publisher = self._publisher(address, None)
+        if publisher is None:
+            return address
+        role, node_id = publisher
+        return f"{role} {node_id} ({address})" if self.view.member(role, node_id) else f"{node_id} ({address})"

@@ -130,7 +130,7 @@ class CommandDispatch:
         epoch = self.node.election.epoch
 
         def address():
-            worker = self.node.view.snapshot("worker").get(wid)
+            worker = self.node.view.member("worker", wid)
             return worker.info["address"] if worker is not None else None
 
         def refused(reply) -> bool:

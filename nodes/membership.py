@@ -241,6 +241,11 @@ class MemberView:
         with self.lock:
             return {m.node_id: m for m in self.members.values() if role is None or m.role == role}
 
+    def member(self, role: str, node_id: str) -> Member | None:
+        """One member, looked up without copying the view (for lookups on a hot path)."""
+        with self.lock:
+            return self.members.get(f"{self.prefix}{role}/{node_id}")
+
     def storage_address(self) -> str | None:
         """The storage node a job's inputs, results and log go to: the one with the
         smallest id, so that the router and every scheduler make the same choice."""

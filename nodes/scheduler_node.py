@@ -153,7 +153,7 @@ class SchedulerNode(Node):
             raise ProtocolError(ProtocolError.UNAVAILABLE, f"{self.addresses.name(address)} did not answer {msg_type}") from None
 
     def _worker_address(self, wid: str) -> str:
-        worker = self.view.snapshot("worker").get(wid)
+        worker = self.view.member("worker", wid)
         if worker is None:
             raise ProtocolError(ProtocolError.UNAVAILABLE, f"worker {wid} has left")
         return worker.info["address"]
@@ -246,7 +246,7 @@ class SchedulerNode(Node):
         every tick, as they have room); the worker leaves when it holds nothing."""
         epoch = self._leader()
         wid = msg["node_id"]
-        worker = self.view.snapshot("worker").get(wid)
+        worker = self.view.member("worker", wid)
         if worker is None:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"no worker {wid!r} in the cluster")
         self._call(worker.info["address"], "DrainWorker", {"epoch": epoch})

@@ -47,10 +47,8 @@ class PlacedTable(dict):
             self[sid] = wid
         return dict.__getitem__(self, sid)
 
-    def update(self, pairs=(), **kw) -> None:
+    def update(self, pairs=()) -> None:
         for sid, wid in (pairs.items() if isinstance(pairs, dict) else pairs):
-            self[sid] = wid
-        for sid, wid in kw.items():
             self[sid] = wid
 
     def clear(self) -> None:

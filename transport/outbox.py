@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import zmq
 
@@ -50,7 +50,7 @@ class Request:
     due: float = 0.0  # when to send again if no reply has come
     backoff: float = 0.1
     id: str = ""
-    tries: int = field(default=0)
+    tries: int = 0
 
 
 class Outbox:

@@ -7,7 +7,7 @@ from shoal.nodes.membership import Member
 
 
 class View:
-    """What the book reads of a MemberView: snapshots and change callbacks."""
+    """What the book reads of a MemberView: snapshots, one member, change callbacks."""
 
     def __init__(self):
         self.members: dict[str, Member] = {}
@@ -15,6 +15,10 @@ class View:
 
     def snapshot(self, role=None):
         return {k: m for k, m in self.members.items() if role is None or m.role == role}
+
+    def member(self, role, node_id):
+        m = self.members.get(node_id)
+        return m if m is not None and m.role == role else None
 
     def put(self, role, node_id, address):
         self.members[node_id] = Member(role, node_id, {"address": address})
