@@ -17,7 +17,7 @@ def cmd_make_model(args) -> int:
     from shoal.nodes.worker.models.make_model import make_model
 
     out = make_model(args.out, preset=args.preset, architecture=args.arch, dtype=args.dtype, seed=args.seed,
-                     tokenizer=args.tokenizer)
+                     tokenizer=args.tokenizer, chat_template=None if args.chat_template == "none" else args.chat_template)
     print(f"model: {out}")
     return 0
 
@@ -291,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     mm.add_argument("--seed", type=int, default=0)
     mm.add_argument("--tokenizer", default=None, help="folder with a tokenizer.json to use (its vocabulary size "
                                                       "becomes the model's); default: one trained on stdlib text")
+    mm.add_argument("--chat-template", default="none", choices=["none", "chatml"],
+                    help="write a chat template (and its special tokens) so items may be chat messages")
     mm.set_defaults(fn=cmd_make_model)
 
     g = sub.add_parser("generate", help="run a generation job over a JSONL or Parquet file")

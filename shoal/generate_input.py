@@ -1,5 +1,6 @@
 """Reading job input: records `{"id", ...}` from JSONL lines or Parquet rows; for the
-`generate` program `{"id", "prompt" | "prompt_token_ids", ["max_tokens"], [sampling overrides]}`
+`generate` program `{"id", "prompt" | "prompt_token_ids" | "messages", ["max_tokens"], [sampling overrides]}`
+("messages": a chat, rendered with the model's chat template on the worker)
 (the overrides are `ITEM_SAMPLING_FIELDS`, checked as the CLI checks its flags).
 
 Every problem is reported with its place (file and line, or upload and line) before
@@ -37,11 +38,14 @@ class GenerateItem:
     prompt_token_ids: list[int] | None
     max_tokens: int | None
     sampling: dict | None = None  # the item's own ITEM_SAMPLING_FIELDS
+    messages: list[dict] | None = None
 
     def to_record(self) -> dict:
         rec = {"id": self.id}
         if self.prompt is not None:
             rec["prompt"] = self.prompt
+        elif self.messages is not None:
+            rec["messages"] = self.messages
         else:
             rec["prompt_token_ids"] = self.prompt_token_ids
         if self.max_tokens is not None:
@@ -123,9 +127,15 @@ class ItemChecker:
         self._check_id(rec, where, place)
         self._check_size(rec, where)
         rid = rec["id"]
-        prompt, ids = rec.get("prompt"), rec.get("prompt_token_ids")
-        if (prompt is None) == (ids is None):
-            raise InputError(f"{where}: give exactly one of \"prompt\" and \"prompt_token_ids\"")
+        prompt, ids, messages = rec.get("prompt"), rec.get("prompt_token_ids"), rec.get("messages")
+        if sum(x is not None for x in (prompt, ids, messages)) != 1:
+            raise InputError(f"{where}: give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\"")
+        if messages is not None:
+            from shoal.chat_template import check_messages
+
+            problem = check_messages(messages, where)
+            if problem:
+                raise InputError(problem)
         if prompt is not None and not isinstance(prompt, str):
             raise InputError(f"{where}: prompt must be a string")
         if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
@@ -137,7 +147,7 @@ class ItemChecker:
             with_prompt = f" after a prompt of {len(ids)} tokens" if ids else ""
             raise InputError(f"{where}: max_tokens {mt}{with_prompt} does not fit the model's context of "
                              f"{self.max_context} tokens")
-        item = GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where))
+        item = GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where), messages)
         self._take_id(rec, place)
         return item
 

@@ -35,24 +35,36 @@ class ProgramError(RuntimeError):
 
 
 class Generate:
-    """Generate tokens from a text or token prompt; the sampling parameters are those of
+    """Generate tokens from a text prompt, token ids, or chat messages (rendered with the
+    model's chat template on the worker); the sampling parameters are those of
     `SamplingParams` (max_tokens, stop, temperature, top_p, top_k, seed, ...)."""
 
     kind = "generate"
 
-    def __init__(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None, **params):
-        if (prompt is None) == (prompt_token_ids is None):
-            raise RequestError("Generate needs a prompt or prompt_token_ids (one of them)")
+    def __init__(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                 messages: list[dict] | None = None, **params):
+        if sum(x is not None for x in (prompt, prompt_token_ids, messages)) != 1:
+            raise RequestError("Generate needs one of prompt, prompt_token_ids and messages")
         unknown = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
         if unknown:
             raise RequestError(f"Generate: unknown sampling parameter(s) {', '.join(unknown)}")
+        if messages is not None:
+            from shoal.chat_template import check_messages
+
+            problem = check_messages(messages, "Generate")
+            if problem:
+                raise RequestError(problem)
         self.prompt = prompt
         self.prompt_token_ids = None if prompt_token_ids is None else list(prompt_token_ids)
+        self.messages = messages
         self.params = SamplingParams(**params)
 
     def to_dict(self) -> dict:
-        return {"op": self.kind, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
-                "params": self.params.to_dict()}
+        d = {"op": self.kind, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
+             "params": self.params.to_dict()}
+        if self.messages is not None:  # (absent otherwise: journals written before chats stay valid)
+            d["messages"] = self.messages
+        return d
 
 
 @dataclass(frozen=True)
@@ -112,9 +124,12 @@ class GenerateResult:
     margins: list[float] = field(default_factory=list)
     # Sampled tokens' draws, [u, lo, hi, cut] each: what the comparator judges them by.
     draws: list[list] = field(default_factory=list)
+    prompt_tokens: int = 0  # the prompt's length in tokens (a chat's after its template)
 
     def to_dict(self) -> dict:
         d = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
+        if self.prompt_tokens:
+            d["prompt_tokens"] = self.prompt_tokens
         if self.margins:
             d["margins"] = self.margins
         if self.draws:
@@ -124,7 +139,7 @@ class GenerateResult:
     @classmethod
     def from_dict(cls, d: dict) -> "GenerateResult":
         return cls(d["text"], list(d["token_ids"]), d["finish_reason"], list(d.get("margins", ())),
-                   [list(x) for x in d.get("draws", ())])
+                   [list(x) for x in d.get("draws", ())], int(d.get("prompt_tokens", 0)))
 
 
 def result_from_dict(kind: str, d):
@@ -231,15 +246,19 @@ def resolve_program(name: str, allowed: tuple[str, ...] | None = None) -> Progra
 
 @program("generate")
 def generate(item: dict, **params):
-    """One Generate per item: the item's prompt (text or token ids) with the job's
+    """One Generate per item: the item's prompt (text, token ids or chat messages) with the job's
     sampling parameters; an item may set its own max_tokens and ITEM_SAMPLING_FIELDS."""
     from shoal.generate_input import ITEM_SAMPLING_FIELDS
 
     if item.get("max_tokens"):
         params = {**params, "max_tokens": item["max_tokens"]}
     params = {**params, **{k: item[k] for k in ITEM_SAMPLING_FIELDS if k in item}}
-    ids = item.get("prompt_token_ids")
-    out = yield (Generate(prompt_token_ids=ids, **params) if ids is not None else Generate(prompt=item.get("prompt"), **params))
+    if item.get("messages") is not None:
+        out = yield Generate(messages=item["messages"], **params)
+    elif item.get("prompt_token_ids") is not None:
+        out = yield Generate(prompt_token_ids=item["prompt_token_ids"], **params)
+    else:
+        out = yield Generate(prompt=item.get("prompt"), **params)
     return out.to_dict()
 
 

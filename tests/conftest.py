@@ -21,6 +21,13 @@ def tiny_model_other_seed(tmp_path_factory):
     return _make(tmp_path_factory, "tiny_seed1", preset="tiny", dtype="float32", seed=1, tokenizer_text_chars=40_000)
 
 
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory):
+    """The tiny model with a ChatML template and its two special tokens."""
+    return _make(tmp_path_factory, "tiny_chat", preset="tiny", dtype="float32", tokenizer_text_chars=40_000,
+                 chat_template="chatml")
+
+
 @pytest.fixture(scope="session", params=["Qwen2ForCausalLM", "LlamaForCausalLM"])
 def tiny_model_family(request, tmp_path_factory):
     return _make(tmp_path_factory, request.param, preset="tiny", architecture=request.param,

@@ -127,7 +127,7 @@ class ProgramRunner:
         it, by prefilling them again."""
         co = self.coros[key]
         try:
-            ids = op.prompt_token_ids if op.prompt_token_ids is not None else self.engine.tokenizer.encode(op.prompt)
+            ids = self._prompt_ids(op)
             self.engine.import_sequence(SequenceState(
                 seq_id=key, prompt_token_ids=list(ids), output_token_ids=list(generated["output_token_ids"]),
                 params=op.params.to_dict(), op_index=co.op_index, num_computed=kv_tokens,
@@ -154,7 +154,8 @@ class ProgramRunner:
             return [(job_id, _record(sid, out.value), self.tokens.pop(key, 0))]
         if isinstance(out, Generate):
             try:
-                self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=out.prompt_token_ids,
+                ids = self._prompt_ids(out) if out.messages is not None else out.prompt_token_ids
+                self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=ids,
                                         params=out.params, op_index=self.coros[key].op_index, sampling_id=sid,
                                         under_way=self.tokens.get(key, 0) > 0)
             except Exception as e:  # bad parameters (wrong types too) fail this sequence only
@@ -165,6 +166,13 @@ class ProgramRunner:
         except Exception as e:  # an executor's bug or a malformed operation fails this sequence only
             return self._fail(key, _message(sid, e))
         return []
+
+    def _prompt_ids(self, op: Generate) -> list[int]:
+        if op.prompt_token_ids is not None:
+            return op.prompt_token_ids
+        if op.messages is not None:
+            return self.engine.tokenizer.encode_chat(op.messages)
+        return self.engine.tokenizer.encode(op.prompt)
 
     def _tokenize(self, texts: tuple) -> list[list[int]]:
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
@@ -217,7 +225,8 @@ class ProgramRunner:
         if self.engine.has_unfinished():
             for o in self.engine.step():
                 self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
-                done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins, o.draws))
+                done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins, o.draws,
+                                                                   o.num_prompt_tokens))
             if self.checkpoint_tokens:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()

@@ -110,8 +110,14 @@ def test_generate_program_and_operations_check_their_arguments():
     assert co.advance(GenerateResult("hi", [7], "length")).value == {"text": "hi", "token_ids": [7], "finish_reason": "length"}
     with pytest.raises(RequestError, match="unknown sampling parameter"):
         Generate(prompt="x", max_token=3)
-    with pytest.raises(RequestError, match="one of them"):
+    with pytest.raises(RequestError, match="one of prompt, prompt_token_ids and messages"):
         Generate()
+    with pytest.raises(RequestError, match="one of prompt, prompt_token_ids and messages"):
+        Generate(prompt="x", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(RequestError, match=r"messages\[1\] must be an object"):
+        Generate(messages=[{"role": "user", "content": "x"}, "y"])
+    chat = SequenceCoroutine(resolve_program("generate"), {"messages": [{"role": "user", "content": "hi"}]}, {}, "c")
+    assert chat.start().messages == [{"role": "user", "content": "hi"}]
     with pytest.raises(RequestError, match="list of texts"):
         Embed("one string")
 

@@ -25,6 +25,22 @@ from shoal.nodes.worker.models.presets import PRESETS, TOKENIZER_TEXT_CHARS
 from shoal.nodes.worker.tokenizer_builder import EOS_TOKEN, build_tokenizer
 
 
+# The ChatML template `--chat-template chatml` writes (the format of Qwen's chat models),
+# with its two special tokens; a message's content may be a string or a list of text parts.
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CHAT_TEMPLATES = {"chatml": (CHATML_TEMPLATE, CHATML_TOKENS)}
+
+
 def preset_config(preset: str, architecture: str = "Qwen3ForCausalLM", dtype: str = "bfloat16",
                   overrides: dict | None = None) -> dict:
     if preset not in PRESETS:
@@ -74,10 +90,16 @@ def random_weights(raw_cfg: dict, seed: int, dtype: torch.dtype) -> dict[str, to
 
 def make_model(out_dir: str | Path, preset: str = "tiny", architecture: str = "Qwen3ForCausalLM",
                dtype: str = "bfloat16", seed: int = 0, overrides: dict | None = None,
-               tokenizer_text_chars: int | None = None, tokenizer: str | Path | None = None) -> Path:
+               tokenizer_text_chars: int | None = None, tokenizer: str | Path | None = None,
+               chat_template: str | None = None) -> Path:
     """`overrides` changes preset fields (tests use a 2-layer model of the small shape).
     `tokenizer`: a folder whose tokenizer.json the model takes (its vocabulary size
-    becomes the model's) instead of one trained on stdlib text."""
+    becomes the model's) instead of one trained on stdlib text. `chat_template`: a name
+    in CHAT_TEMPLATES; its special tokens join the vocabulary and its end-of-turn token
+    ends generation."""
+    if chat_template is not None and chat_template not in CHAT_TEMPLATES:
+        raise ModelError(f"unknown chat template {chat_template!r}; choose one of {sorted(CHAT_TEMPLATES)}")
+    template, chat_tokens = CHAT_TEMPLATES[chat_template] if chat_template else (None, ())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer is not None:
@@ -89,18 +111,27 @@ def make_model(out_dir: str | Path, preset: str = "tiny", architecture: str = "Q
         tok = Tokenizer.from_file(str(src))
         tok.no_truncation()  # an encoder's 128-token limit is not the decoder's
         tok.no_padding()
+        tok.add_special_tokens(list(chat_tokens))
         overrides = {**(overrides or {}), "vocab_size": tok.get_vocab_size()}
     raw = preset_config(preset, architecture, dtype, overrides)
     eos = EOS_TOKEN
     if tokenizer is None:
-        tok = build_tokenizer(raw["vocab_size"], tokenizer_text_chars or TOKENIZER_TEXT_CHARS[preset])
+        tok = build_tokenizer(raw["vocab_size"], tokenizer_text_chars or TOKENIZER_TEXT_CHARS[preset], chat_tokens)
     else:  # the end-of-sequence token a tokenizer of that family has (BERT's [SEP]), else its last id
         eos = next((t for t in (EOS_TOKEN, "</s>", "[SEP]") if tok.token_to_id(t) is not None), tok.id_to_token(raw["vocab_size"] - 1))
         raw["eos_token_id"] = tok.token_to_id(eos)
+    # tokenizer_class: the folder's tokenizer.json as it is. Without it transformers 5 builds
+    # the model family's own tokenizer class, whose pre-tokenizer is not this one's.
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+                        "model_max_length": raw["max_position_embeddings"]}
+    if template is not None:  # a chat ends at its end-of-turn token, text at EOS
+        end_of_turn = tok.token_to_id(chat_tokens[-1])
+        raw["eos_token_id"] = [end_of_turn, raw["eos_token_id"]]
+        tokenizer_config.update(eos_token=chat_tokens[-1], pad_token=eos, chat_template=template)
     tok.save(str(out / "tokenizer.json"))
     weights = random_weights(raw, seed, parse_dtype(dtype))
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": raw["eos_token_id"]}))
-    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "model_max_length": raw["max_position_embeddings"]}))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return out
