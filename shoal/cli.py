@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="largest input line taken, as compact JSON (a cluster's storage has its own limit)")
     g.set_defaults(fn=cmd_generate)
 
+    from shoal.batch_cli import add_parser as add_batch
+
+    add_batch(sub)
     from shoal.embed_cli import add_parser as add_embed
 
     add_embed(sub)

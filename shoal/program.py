@@ -180,7 +180,7 @@ def program(name: str, version: str = "1", check_item: Callable | None = None):
 
 
 # Built-in programs defined in modules of their own: they register when imported.
-BUILT_IN_MODULES = ("shoal.ircot", "shoal.examples.w3")
+BUILT_IN_MODULES = ("shoal.ircot", "shoal.examples.w3", "shoal.openai_program")
 
 
 def _registry() -> dict[str, ProgramSpec]:

@@ -32,7 +32,8 @@ def test_generate_through_a_local_cluster(tiny_model, tmp_path):
     recs = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert sorted(map(str, (r["id"] for r in recs))) == sorted(map(str, [*range(12), "t"])) and len(recs) == 13
     by_id = {r["id"]: r for r in recs}
-    assert set(by_id["t"]) == {"id", "text", "token_ids", "finish_reason"}
+    assert set(by_id["t"]) == {"id", "text", "token_ids", "finish_reason", "prompt_tokens"}
+    assert by_id[3]["prompt_tokens"] == len(prompts[3])
     eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
     for i, p in enumerate(prompts):
         ref = eng.generate([p], SamplingParams(max_tokens=6 + i % 5, return_margins=True), seq_ids=[i])[0]

@@ -1,0 +1,124 @@
+"""`shoal batch`: an OpenAI Batch API file through a cluster, on the one at --router or on a
+local one started for it.
+
+    shoal batch --input requests.jsonl --output results.jsonl --model M/ [--encoder E/]
+
+Chat and completion requests run on the decoder (--model), embedding requests on the
+encoder (--encoder); one job runs them all. Output lines come in the order requests
+finish (as the API's do: match them by custom_id), each bad line's error first.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+DEFAULT_CHAT_MAX_TOKENS = 256
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("batch", help="run an OpenAI Batch API file (chat completions, completions, embeddings)")
+    b.add_argument("--input", required=True, help="JSONL: one {custom_id, method, url, body} request per line")
+    b.add_argument("--output", required=True, help="JSONL: one {id, custom_id, response, error} line per request")
+    b.add_argument("--model", help="the decoder folder (needed for chat and completion requests)")
+    b.add_argument("--encoder", help="the encoder folder (needed for embedding requests)")
+    b.add_argument("--max-tokens", type=int, default=DEFAULT_CHAT_MAX_TOKENS,
+                   help="a chat request's max_tokens where it sets none (completions: 16, as the API)")
+    b.add_argument("--router", help="a running cluster's router; without it a local cluster runs the batch")
+    b.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
+    b.add_argument("--dtype", default="auto", help="compute dtype of the local cluster's workers")
+    b.add_argument("--job-key", help="idempotency key: the same key on the same cluster attaches to the same job")
+    b.add_argument("--timeout", type=float, default=120.0, help="seconds a request to the cluster may take")
+    b.set_defaults(fn=cmd_batch)
+
+
+def read_requests(path: str, embedding_dim: int | None, have_model: bool, have_encoder: bool):
+    """(requests, [(line, custom_id, code, message, param)] for the lines that cannot run)."""
+    from shoal.generate_input import InputError, parse_jsonl
+    from shoal.openai_requests import RequestLineError, parse_request
+
+    if not Path(path).is_file():
+        raise InputError(f"input file {path} does not exist")
+    requests, bad, seen = [], [], {}
+    with open(path, "rb") as fh:
+        for _, line, rec in parse_jsonl(fh, path, keep_going=True):
+            try:
+                if isinstance(rec, InputError):
+                    raise RequestLineError(str(rec), "invalid_json")
+                req = parse_request(rec, line, seen, embedding_dim)
+                missing = "--encoder" if req.kind == "embedding" and not have_encoder else \
+                    "--model" if req.kind != "embedding" and not have_model else None
+                if missing:
+                    raise RequestLineError(f"line {line} ({req.custom_id}): {rec['url']} needs {missing}",
+                                           "model_not_found", "body.model", req.custom_id)
+                requests.append(req)
+            except RequestLineError as e:
+                custom_id = rec.get("custom_id") if isinstance(rec, dict) else None
+                bad.append((line, custom_id if isinstance(custom_id, str) else None, e.code, str(e), e.param))
+    return requests, bad
+
+
+def token_counter(encoder: str, max_length: int):
+    """Input tokens of texts as the encoder counts them (special tokens included, truncated)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(encoder) / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_length)
+    return lambda texts: sum(len(e.ids) for e in tok.encode_batch(list(texts)))
+
+
+def cmd_batch(args) -> int:
+    from contextlib import nullcontext
+
+    from shoal.client import Client
+    from shoal.generate_input import InputError
+    from shoal.local_cluster import LocalCluster
+    from shoal.openai_responses import OutputLines
+    from shoal.output_path import check_output_file
+    from shoal.progress import Progress
+
+    if not args.model and not args.encoder:
+        raise InputError("give --model (chat and completion requests), --encoder (embeddings), or both")
+    check_output_file(args.output)
+    encoder_info = None
+    if args.encoder:
+        from shoal.encoder_config import describe_encoder
+
+        encoder_info = describe_encoder(args.encoder)
+    requests, bad = read_requests(args.input, encoder_info and encoder_info["dim"], bool(args.model), bool(args.encoder))
+    for line in bad:
+        print(f"bad request: {line[3]}", file=sys.stderr)
+    by_id = {r.custom_id: r for r in requests}
+    count_tokens = token_counter(args.encoder, encoder_info["max_seq_length"]) if encoder_info else None
+    tag = (args.job_key or f"{time.time_ns():x}")[-12:]
+    lines = OutputLines(tag, int(time.time()))
+    failed = len(bad)
+    t0 = time.perf_counter()
+    with open(args.output, "wb") as out:
+        out.write(b"".join(orjson.dumps(lines.error(*b)) + b"\n" for b in bad))
+        if requests:
+            kinds = {r.kind for r in requests}
+            cluster = nullcontext() if args.router else LocalCluster(
+                args.model if kinds - {"embedding"} else None, workers=args.workers, dtype=args.dtype,
+                encoder=args.encoder if "embedding" in kinds else None)
+            with cluster as local:
+                router = args.router or local.router
+                job = Client(router, timeout=args.timeout).submit(
+                    [r.item for r in requests], program="openai_request",
+                    params={"max_tokens": args.max_tokens}, job_key=args.job_key)
+                print(f"job {job.id}: {len(requests)} requests via {router}", file=sys.stderr)
+                progress = Progress(len(requests), "requests")
+                for rec in job.results():
+                    line = lines.result(by_id[rec["id"]], rec, count_tokens)
+                    failed += line["error"] is not None
+                    out.write(orjson.dumps(line) + b"\n")
+                    progress.advance(1)
+                progress.close()
+    total = len(requests) + len(bad)
+    print(f"results: {args.output}  ({total} requests, {total - failed} completed, {failed} failed, "
+          f"{time.perf_counter() - t0:.1f}s)")
+    return 0
