@@ -1,28 +1,46 @@
-"""A one-line progress bar with throughput, on a terminal only."""
+"""Progress of a long command: a tqdm bar (count, rate, ETA) on a terminal or in a
+notebook; in a log (stderr not a terminal) a plain line every `log_every` seconds, so a
+job's log shows it is moving without filling up with redraws."""
 
 from __future__ import annotations
 
 import sys
-import time
+
+LOG_EVERY_S = 30.0
+
+
+class _Lines:
+    """A stream for tqdm that writes each redraw as a line of its own."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        text = s.strip("\r\n")
+        if text.strip():
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 class Progress:
-    def __init__(self, total: int, unit: str, stream=sys.stderr):
-        self.total, self.unit, self.stream = total, unit, stream
+    def __init__(self, total: int, unit: str, stream=None, log_every: float = LOG_EVERY_S):
+        from tqdm.auto import tqdm
+
+        stream = stream or sys.stderr
+        tty = hasattr(stream, "isatty") and stream.isatty()
+        self.total, self.unit = total, unit
         self.done = 0
-        self.enabled = stream.isatty()
-        self._last = 0.0
+        self.bar = tqdm(total=total, unit=f" {unit}", file=stream if tty else _Lines(stream), dynamic_ncols=tty,
+                        smoothing=0.1, mininterval=0.2 if tty else log_every, maxinterval=10 if tty else log_every,
+                        ascii=not tty, leave=True)
 
     def advance(self, n: int = 1, note: str = "") -> None:
         self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.2 or self.done >= self.total):
-            self._last = now
-            frac = self.done / max(self.total, 1)
-            bar = "#" * int(30 * frac)
-            self.stream.write(f"\r[{bar:<30}] {self.done}/{self.total} {self.unit} {note}   ")
-            self.stream.flush()
+        if note:
+            self.bar.set_postfix_str(note, refresh=False)
+        self.bar.update(n)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
+        self.bar.close()
