@@ -103,8 +103,13 @@ class IndexService:
                                 f"float32 vectors of dimension {dim}")
         if msg["k"] < 1:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"k must be at least 1, got {msg['k']}")
+        params = msg["params"]
+        if params and (len(params) != count or any(set(p) - {"nprobe", "ef"} or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in p.values()) for p in params)):
+            raise ProtocolError(ProtocolError.INVALID_FIELD, f"params must be empty or one {{nprobe | ef: positive "
+                                f"integer}} per query ({count}), got {params[:3]!r}...")
         queries = np.frombuffer(bytes(blob), np.float32).reshape(count, dim)
-        hits = shard.search(queries, msg["k"])
+        hits = shard.search(queries, msg["k"], params or None)
         self.counters["index.searches"] += 1
         self.counters["index.queries"] += count
         return encode("SearchResults", {"name": msg["name"], "shard": msg["shard"], "hits": hits}, reply_to=msg.id)

@@ -176,9 +176,11 @@ LOAD_INDEX_SHARD = _declare(M("LoadIndexShard", "Load shard `shard` of the index
     F("name", "str"), F("path", "str"), F("shard", "int"))))
 INDEX_SHARD_LOADED = _declare(M("IndexShardLoaded", "The shard is loaded and published in this node's membership.", (
     F("name", "str"), F("index_id", "str"), F("shard", "int"), F("rows", "int"))))
-SEARCH_INDEX = _declare(M("SearchIndex", "Exact top-k of one shard for a batch of queries (blob: float32 [count, dim], "
-                          "row-major); `index_id` guards against another version loaded under the same name.", (
-    F("name", "str"), F("index_id", "str"), F("shard", "int"), F("k", "int"), F("count", "int")),
+SEARCH_INDEX = _declare(M("SearchIndex", "Top-k of one shard for a batch of queries (blob: float32 [count, dim], "
+                          "row-major); `index_id` guards against another version loaded under the same name; "
+                          "`params`: empty, or per query its approximate search setting ({} | {nprobe} | {ef}).", (
+    F("name", "str"), F("index_id", "str"), F("shard", "int"), F("k", "int"), F("count", "int"),
+    F("params", "list[dict]", list)),
     blobs=("queries",), required_blobs=("queries",)))
 SEARCH_RESULTS = _declare(M("SearchResults", "Per query, up to k hits {id, score, text}, best first (score, then id).", (
     F("name", "str"), F("shard", "int"), F("hits", "list"))))

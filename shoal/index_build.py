@@ -26,9 +26,11 @@ def _corpus_texts(embeddings: Path):
     return Corpus(folder)
 
 
-def build_index(embeddings: str | Path, out: str | Path, shards: int = 1, progress=None) -> dict:
-    """Writes an exact index of every vector in `embeddings` (an embedding job's output
-    directory, complete) to `out` as `shards` shards; returns its manifest."""
+def build_index(embeddings: str | Path, out: str | Path, shards: int = 1, progress=None, kind: str = "exact",
+                ann: dict | None = None) -> dict:
+    """Writes an index of every vector in `embeddings` (an embedding job's output
+    directory, complete) to `out` as `shards` shards; returns its manifest. `kind`:
+    exact, ivf or hnsw (`ann`: the approximate kind's build options)."""
     from shoal.embeddings import EmbeddingSet
 
     embeddings, out = Path(embeddings), Path(out)
@@ -38,7 +40,7 @@ def build_index(embeddings: str | Path, out: str | Path, shards: int = 1, progre
         raise IndexFileError(f"{embeddings} is not complete: {len(missing)} partitions lack "
                           f"{sum(missing.values())} rows (run the embedding job to its end first)")
     corpus = _corpus_texts(embeddings)
-    w = ShardWriter(out, sum(es.partitions.values()), shards, es.header["encoder"], es.dim)
+    w = ShardWriter(out, sum(es.partitions.values()), shards, es.header["encoder"], es.dim, kind, ann)
     for name in es.partitions:  # the corpus's partition order
         pid, matrix = es.matrix(name)
         rows = corpus.read(name, 0, len(pid))

@@ -92,16 +92,23 @@ class Embed(_TextsOperation):
 
 @dataclass(frozen=True)
 class Retrieve:
-    """Top-k passages of an index for a query text (or vector)."""
+    """Top-k passages of an index for a query text (or vector). On an approximate index,
+    `nprobe` (ivf) or `ef` (hnsw) trades speed for recall for this query (default: the
+    index's own); an exact index ignores them."""
 
     query: str | tuple[float, ...]
     k: int = 4
     index: str = "default"
+    nprobe: int | None = None
+    ef: int | None = None
     kind = "retrieve"
+
+    def search_params(self) -> dict:
+        return {name: v for name, v in (("nprobe", self.nprobe), ("ef", self.ef)) if v is not None}
 
     def to_dict(self) -> dict:
         q = self.query if isinstance(self.query, str) else list(self.query)
-        return {"op": self.kind, "query": q, "k": self.k, "index": self.index}
+        return {"op": self.kind, "query": q, "k": self.k, "index": self.index, **self.search_params()}
 
 
 @dataclass(frozen=True)

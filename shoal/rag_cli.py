@@ -25,10 +25,15 @@ import orjson
 def add_parsers(sub) -> None:
     ix = sub.add_parser("index", help="vector indexes: build one from an embedding job's output, load it")
     isub = ix.add_subparsers(dest="index_cmd", required=True)
-    b = isub.add_parser("build", help="an exact index of an embedding job's output, in shards")
+    b = isub.add_parser("build", help="an index of an embedding job's output, in shards: exact or approximate (faiss)")
     b.add_argument("--embeddings", required=True, help="a `shoal embed --output` directory (complete)")
     b.add_argument("--output", required=True, help="the index directory to write (replaced if it exists)")
     b.add_argument("--shards", type=int, default=1, help="shards, each served by a storage node")
+    b.add_argument("--kind", default="exact", choices=["exact", "ivf", "hnsw"],
+                   help="exact search, or an approximate faiss index for corpora past a few million passages")
+    b.add_argument("--nlist", type=int, help="ivf: inverted lists per shard (default about 4*sqrt(rows))")
+    b.add_argument("--m", type=int, help="hnsw: links per vector (default 32)")
+    b.add_argument("--ef-construction", type=int, help="hnsw: candidates kept while building (default 80)")
     b.set_defaults(fn=cmd_index_build)
     ld = isub.add_parser("load", help="load an index onto a running cluster's storage nodes")
     ld.add_argument("--router", required=True)
@@ -77,11 +82,13 @@ def cmd_index_build(args) -> int:
         progress = progress or Progress(total, "passages")
         progress.advance(done - progress.done)
 
-    meta = build_index(args.embeddings, args.output, args.shards, progress=show)
+    ann = {k: v for k, v in (("nlist", args.nlist), ("m", args.m), ("ef_construction", args.ef_construction)) if v}
+    meta = build_index(args.embeddings, args.output, args.shards, progress=show, kind=args.kind, ann=ann)
     if progress:
         progress.close()
-    print(f"index: {args.output}  ({meta['rows']} passages of dimension {meta['dim']} in {len(meta['shards'])} shards, "
-          f"{time.perf_counter() - t0:.1f}s)")
+    defaults = f", search default {meta['shards'][0]['ann']}" if meta["kind"] != "exact" else ""
+    print(f"index: {args.output}  ({meta['kind']}: {meta['rows']} passages of dimension {meta['dim']} in "
+          f"{len(meta['shards'])} shards{defaults}, {time.perf_counter() - t0:.1f}s)")
     return 0
 
 

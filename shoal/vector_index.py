@@ -2,14 +2,16 @@
 `index_build.py`).
 
     <dir>/index.json              {format, kind, encoder, dim, metric, rows, built_at,
-                                   shards: [{file, rows, digest}]}
+                                   shards: [{file, rows, digest, [ann]}]}
     <dir>/shard-NNNNN.safetensors "vectors": float32 [rows, dim]
     <dir>/shard-NNNNN.parquet     id (string), text (string): row i of the vectors
+    <dir>/shard-NNNNN.faiss       kinds ivf and hnsw: the shard's faiss index (`ann_index.py`)
 
 Rows go to shards in contiguous ranges of the corpus's partition order. Storage nodes
-load shards (`nodes/index_shard.py`) and search them exactly; `kind` is the seam for
-an approximate index (faiss, usearch) that a corpus too large for exact search would
-use: a shard of another kind is refused by name until one is written.
+load shards (`nodes/index_shard.py`) and search them: exactly (kind `exact`), or through
+the faiss index (kinds `ivf`, `hnsw`, whose build parameters and search defaults are
+the shard's `ann`). The vectors file stays beside a faiss index: it is what the index
+was built from, and a later build of another kind reads it.
 
 Torch-free: the CLI, the SDK and storage nodes read it.
 """
@@ -25,7 +27,7 @@ import numpy as np
 import orjson
 
 FORMAT = 1
-KINDS = ("exact",)
+KINDS = ("exact", "ivf", "hnsw")
 
 
 class IndexFileError(ValueError):
@@ -44,12 +46,13 @@ def read_manifest(folder: str | Path) -> dict:
     return meta
 
 
-def shard_files(folder: str | Path, meta: dict, shard: int) -> tuple[Path, Path]:
+def shard_files(folder: str | Path, meta: dict, shard: int) -> tuple[Path, Path, Path]:
+    """The shard's vectors, texts and faiss index files (the last exists for kinds ivf and hnsw)."""
     if not 0 <= shard < len(meta["shards"]):
         raise IndexFileError(f"index {folder} has {len(meta['shards'])} shards, not shard {shard}")
     base = Path(folder).resolve()
     stem = base / meta["shards"][shard]["file"]
-    files = stem.with_suffix(".safetensors").resolve(), stem.with_suffix(".parquet").resolve()
+    files = tuple(stem.with_suffix(ext).resolve() for ext in (".safetensors", ".parquet", ".faiss"))
     # A manifest names files inside its own index folder, never elsewhere (links followed).
     if any(base not in f.parents for f in files):
         raise IndexFileError(f"index {folder}: shard {shard} names a file outside the index folder")
@@ -59,7 +62,12 @@ def shard_files(folder: str | Path, meta: dict, shard: int) -> tuple[Path, Path]
 class ShardWriter:
     """Writes rows in order into `shards` shards of near-equal size, then the manifest."""
 
-    def __init__(self, out: Path, total: int, shards: int, encoder: str, dim: int):
+    def __init__(self, out: Path, total: int, shards: int, encoder: str, dim: int, kind: str = "exact",
+                 ann: dict | None = None):
+        """`kind`: exact, ivf or hnsw; `ann`: build options of an approximate kind
+        (nlist; m, ef_construction), defaults where absent (`ann_index.build_params`)."""
+        if kind not in KINDS:
+            raise IndexFileError(f"unknown index kind {kind!r} (kinds: {', '.join(KINDS)})")
         if shards < 1:
             raise IndexFileError(f"--shards must be at least 1, got {shards}")
         if total < shards:
@@ -68,7 +76,8 @@ class ShardWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
         self.bounds = np.linspace(0, total, shards + 1).round().astype(int)
-        self.meta = {"format": FORMAT, "kind": "exact", "encoder": encoder, "dim": dim, "metric": "ip",
+        self.kind, self.ann = kind, dict(ann or {})
+        self.meta = {"format": FORMAT, "kind": kind, "encoder": encoder, "dim": dim, "metric": "ip",
                      "rows": total, "built_at": time.time(), "shards": []}
         self.ids, self.texts, self.vecs, self.done = [], [], [], 0
 
@@ -100,8 +109,19 @@ class ShardWriter:
             digest.update(i.encode() + b"\0")
         pq.write_table(pa.table({"id": pa.array(self.ids, pa.string()), "text": pa.array(self.texts, pa.string())}),
                        self.tmp / f"{name}.parquet")
+        entry = {"file": name, "rows": len(self.ids)}
+        if self.kind != "exact":
+            from shoal import ann_index
+
+            try:
+                params = ann_index.build_params(self.kind, len(self.ids), **self.ann)
+                ann_index.save(ann_index.build(self.kind, vectors, params), self.tmp / f"{name}.faiss")
+            except ann_index.AnnIndexError as e:
+                raise IndexFileError(f"shard {shard}: {e}") from None
+            entry["ann"] = params
+            digest.update(orjson.dumps(params, option=orjson.OPT_SORT_KEYS))
         # The digest makes the manifest (and so the index's id) change with its content.
-        self.meta["shards"].append({"file": name, "rows": len(self.ids), "digest": digest.hexdigest()})
+        self.meta["shards"].append({**entry, "digest": digest.hexdigest()})
         self.ids, self.texts, self.vecs = [], [], []
 
     def finish(self) -> dict:
@@ -112,8 +132,8 @@ class ShardWriter:
 
 
 def write_index(out: str | Path, ids: list[str], texts: list[str], vectors: np.ndarray, encoder: str,
-                shards: int = 1) -> dict:
+                shards: int = 1, kind: str = "exact", ann: dict | None = None) -> dict:
     """An index of rows held in memory (benchmarks, small corpora)."""
-    w = ShardWriter(Path(out), len(ids), shards, encoder, vectors.shape[1])
+    w = ShardWriter(Path(out), len(ids), shards, encoder, vectors.shape[1], kind, ann)
     w.add(list(ids), list(texts), vectors)
     return w.finish()

@@ -86,7 +86,8 @@ class IndexClient:
             clients[address] = RpcClient(address, self.ctx)
         return clients[address]
 
-    def _search_shard(self, name: str, index_id: str, shard: int, replicas: list, queries: np.ndarray, k: int) -> list:
+    def _search_shard(self, name: str, index_id: str, shard: int, replicas: list, queries: np.ndarray, k: int,
+                      params: list[dict]) -> list:
         now = time.monotonic()
         # Reads rotate over the replicas (spreading load; every replica gets used, so a
         # dead one is found); one that failed lately goes last.
@@ -97,7 +98,8 @@ class IndexClient:
         for node_id, address in order:
             try:
                 reply = self._client(address).request(
-                    "SearchIndex", {"name": name, "index_id": index_id, "shard": shard, "k": k, "count": len(queries)},
+                    "SearchIndex", {"name": name, "index_id": index_id, "shard": shard, "k": k, "count": len(queries),
+                                    "params": params},
                     {"queries": np.ascontiguousarray(queries, np.float32).tobytes()}, timeout=self.attempt_s)
                 self._suspect.pop(node_id, None)
                 self.failovers += bool(tried)
@@ -111,13 +113,15 @@ class IndexClient:
                 tried.append(f"{node_id}: {e}")
         raise IndexUnavailable(f"index {name!r} shard {shard}: no replica answered ({'; '.join(tried)})")
 
-    def search(self, name: str, queries: np.ndarray, k: int) -> list[list[dict]]:
-        """Top-k hits ({id, score, text}, best first) per query row, over every shard."""
+    def search(self, name: str, queries: np.ndarray, k: int, params: list[dict] | None = None) -> list[list[dict]]:
+        """Top-k hits ({id, score, text}, best first) per query row, over every shard;
+        `params`: per query, its approximate search setting ({} for the index's default)."""
+        params = [p for p in params if p] and params if params else []  # all defaults: sent as none
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 info, replicas = self.locate(name)  # (k and dimension: checked per query by the caller)
-                futures = [self._pool.submit(self._search_shard, name, info["index_id"], s, r, queries, k)
+                futures = [self._pool.submit(self._search_shard, name, info["index_id"], s, r, queries, k, params)
                            for s, r in enumerate(replicas)]
                 per_shard = [f.result() for f in futures]
                 return [merge([hits[q] for hits in per_shard], k) for q in range(len(queries))]

@@ -32,7 +32,7 @@ class RetrieveExecutor:
         self._live: dict = {}  # key -> ticket of its Retrieve in flight (abort drops the key)
         self._tickets = 0
         self._failed: list = []  # (key, ticket, exception) found on the compute thread
-        self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector, embedded here)
+        self._queries: queue.Queue = queue.Queue()  # (key, ticket, index, k, vector, embedded here, search params)
         self._done: queue.Queue = queue.Queue()  # (key, ticket, hits or exception)
         self.stats = {"queries": 0, "searches": 0, "search_s": 0.0, "batch_max": 0}
         self._ready = threading.Event()
@@ -49,6 +49,9 @@ class RetrieveExecutor:
             self._failed.append((key, ticket, ValueError(f"Retrieve k must be a positive integer, got {op.k!r}")))
         elif not isinstance(op.index, str):
             self._failed.append((key, ticket, ValueError(f"Retrieve index must be a name, got {op.index!r}")))
+        elif any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in op.search_params().values()):
+            self._failed.append((key, ticket, ValueError(f"Retrieve nprobe and ef must be positive integers, "
+                                                         f"got {op.search_params()}")))
         elif isinstance(op.query, str):
             if self.encode_queue is None:
                 self._failed.append((key, ticket, ValueError("a text query needs an encoder: this worker hosts none "
@@ -61,7 +64,7 @@ class RetrieveExecutor:
                         self._failed.append((key, ticket, ValueError("the encoder gave this query a vector with NaN "
                                                                      "or infinite values")))
                     else:
-                        self._queries.put((key, ticket, op.index, op.k, result[0], True))
+                        self._queries.put((key, ticket, op.index, op.k, result[0], True, op.search_params()))
 
                 self.encode_queue.put(key, [op.query], embedded)
         else:
@@ -73,7 +76,7 @@ class RetrieveExecutor:
                 self._failed.append((key, ticket, ValueError(f"a Retrieve query must be a text or a vector of "
                                                              f"finite numbers ({e})")))
                 return
-            self._queries.put((key, ticket, op.index, op.k, vector, False))
+            self._queries.put((key, ticket, op.index, op.k, vector, False, op.search_params()))
 
     def abort(self, key) -> None:
         self._live.pop(key, None)
@@ -145,7 +148,7 @@ class RetrieveExecutor:
             entries = [e for e, why in zip(entries, refused) if why is None]
             if entries:
                 k = max(e[3] for e in entries)  # each takes its own k off the top: same order
-                hits = self.client.search(name, np.stack([e[4] for e in entries]), k)
+                hits = self.client.search(name, np.stack([e[4] for e in entries]), k, [e[6] for e in entries])
                 results = [h[:e[3]] for e, h in zip(entries, hits)]
         except Exception as e:  # the index is unreachable: each sequence of the batch records why
             log.warning("[retrieve] %d queries of index %r failed: %s", len(entries), name, e)

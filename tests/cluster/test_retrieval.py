@@ -31,6 +31,14 @@ def query_both_ways(item, k=5, index="default"):
     return {"vector": vec[0], "by_text": by_text, "by_vector": by_vector}
 
 
+def query_ann(item, k=5, index="default", nprobe=None):
+    """A query at the index's default setting and at the one this item asks for."""
+    vec = yield Embed(texts=[item["q"]])
+    default = yield Retrieve(query=vec[0], k=k, index=index)
+    own = yield Retrieve(query=vec[0], k=k, index=index, nprobe=nprobe)
+    return {"vector": vec[0], "default": default, "own": own}
+
+
 @pytest.fixture(scope="module")
 def rag_cluster(tiny_model, minilm, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rag")
@@ -70,6 +78,34 @@ def test_retrieval_equals_brute_force_for_one_and_three_shards(rag_cluster):
                 for h, r in zip(hits, want):  # ids equal, except among scores tied within the tolerance
                     assert h["id"] == ids[r] or abs(scores[ids.index(h["id"])] - scores[r]) < 1e-5
                     assert h["text"] == next(p["text"] for p in corpus if p["id"] == h["id"])
+
+
+def test_approximate_index_with_a_query_s_own_nprobe(rag_cluster):
+    """An ivf index in 3 shards on the storage nodes: each query's default search gives
+    k hits in order; its own nprobe covering every list gives exactly brute force."""
+    c, client, corpus, emb, tmp = rag_cluster
+    meta = build_index(emb, tmp / "ivf", 3, kind="ivf")
+    client.load_index(tmp / "ivf", "ivf")
+    es = EmbeddingSet(emb)
+    ids, matrix = [], []
+    for name in es.partitions:
+        i, m = es.matrix(name)
+        ids += i
+        matrix.append(m)
+    matrix = np.concatenate(matrix).astype(np.float64)
+    nlist = max(s["ann"]["nlist"] for s in meta["shards"])
+    qs = [{"id": f"q{i}", "q": p["text"][:60]} for i, p in enumerate(corpus[::25])]
+    recs = client.submit(qs, program="test_retrieval:query_ann", params={"k": 5, "index": "ivf", "nprobe": nlist}
+                         ).wait(timeout=120)
+    assert len(recs) == len(qs)
+    for rec in recs:
+        assert "error" not in rec, rec
+        scores = matrix @ np.asarray(rec["vector"], np.float64)
+        want = sorted(range(len(ids)), key=lambda r: (-scores[r], ids[r]))[:5]
+        np.testing.assert_allclose([h["score"] for h in rec["own"]], scores[want], atol=1e-5)
+        assert [h["id"] for h in rec["own"]] == [ids[r] for r in want]
+        assert len(rec["default"]) == 5 and all(h["id"] in ids for h in rec["default"])
+        assert [h["score"] for h in rec["default"]] == sorted((h["score"] for h in rec["default"]), reverse=True)
 
 
 def test_rag_equals_each_question_run_alone(rag_cluster):

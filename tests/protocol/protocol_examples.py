@@ -85,7 +85,8 @@ EXAMPLES = {
                      "dim": 384, "encoder": "ab12"}, {}),
     "LoadIndexShard": ({"name": "default", "path": "/data/index", "shard": 1}, {}),
     "IndexShardLoaded": ({"name": "default", "index_id": "9f8e", "shard": 1, "rows": 1000}, {}),
-    "SearchIndex": ({"name": "default", "index_id": "9f8e", "shard": 0, "k": 2, "count": 1},
+    "SearchIndex": ({"name": "default", "index_id": "9f8e", "shard": 0, "k": 2, "count": 1,
+                     "params": [{"nprobe": 16}]},
                     {"queries": b"\x00\x00\x80\x3f" * 4}),
     "SearchResults": ({"name": "default", "shard": 0, "hits": [[{"id": "p1", "score": 0.5, "text": "a passage"}]]}, {}),
 }
