@@ -35,8 +35,9 @@ class RouterNode(AsyncNode):
     role = "router"
 
     def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default",
-                 data_roots: list[str] | None = None, **kw):
-        """`data_roots`: where an index to load may be (the router reads its manifest)."""
+                 data_roots: list[str] | None = None, http_port: int = 0, http_host: str = "127.0.0.1", **kw):
+        """`data_roots`: where an index to load may be (the router reads its manifest).
+        `http_port`: serve the status page there (0: no page; `status_page.py`)."""
         super().__init__(node_id, etcd=etcd, cluster=cluster, **kw)
         self.data_roots = DataRoots(data_roots or [])
         self.view = MemberView(etcd, cluster).start()
@@ -55,6 +56,16 @@ class RouterNode(AsyncNode):
                     break  # a torn last line
         self.keys_file = open(self.keys_path, "ab")
         self.clients: dict[str, AsyncRpcClient] = {}
+        self.status_page = None
+        if http_port:
+            from shoal.nodes.status_page import StatusPage
+
+            self.status_page = StatusPage(self, http_port, http_host)
+
+    async def serve(self) -> None:
+        if self.status_page is not None:
+            await self.status_page.start()
+        await super().serve()
 
     def handler_table(self) -> dict:
         return {"SubmitJob": self.on_submit, "JobStatusQuery": self.on_status,
@@ -179,6 +190,8 @@ class RouterNode(AsyncNode):
         return encode("ResultBatch", fields, reply_to=msg.id)
 
     def close(self) -> None:
+        if self.status_page is not None:
+            self.status_page.close()
         self.keys_file.close()
         self.view.stop()
         super().close()
@@ -187,12 +200,15 @@ class RouterNode(AsyncNode):
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("router", etcd_required=True)
     ap.add_argument("--dir", required=True, help="where job keys are kept")
+    ap.add_argument("--http-port", type=int, default=0, help="serve the status page on this port (default: none)")
+    ap.add_argument("--http-host", default="127.0.0.1", help="the status page's address (it shows jobs and nodes "
+                                                           "to anyone who can reach it)")
     add_data_root_arg(ap)
     args = parse_node_args(ap, argv)
     node_id = args.node_id or f"router-{os.getpid()}"
     start_logging("router", node_id)
     node = RouterNode(node_id, args.dir, args.etcd, args.cluster, data_roots=data_roots_of(args), bind=args.bind,
-                      advertise=args.advertise)
+                      advertise=args.advertise, http_port=args.http_port, http_host=args.http_host)
     return run_node(node, args.metrics_port)
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ class AdaptivePlanner:
     name = "ebplus"
 
     def __init__(self, config: PlannerConfig, cost: CostModel, delta: float = 1e-5,
-                 decide_every: int = 8, cooldown: int = 2, lengths: OutputLengthModel | None = None):
+                 decide_every: int = 8, cooldown: int = 2, lengths: OutputLengthModel | None = None,
+                 clock=None):
+        """`clock`: wall time of a switch, for what the worker shows (none in a simulation)."""
         self.cfg = config
+        self.clock = clock
         self.cost = cost
         self.delta = delta
         self.decide_every = decide_every
@@ -39,6 +42,7 @@ class AdaptivePlanner:
         self.mode = "mb"
         self.lhs = self.rhs = 0.0
         self.switches: list[tuple[int, str]] = []  # (completion count, new mode)
+        self.switched_at: float | None = None  # by `clock`
         self.completions = 0
         self._hold = 0
         self._concurrency = 0
@@ -78,6 +82,7 @@ class AdaptivePlanner:
                      self.completions, self.lhs, self.rhs)
             self.mode = want
             self.switches.append((self.completions, want))
+            self.switched_at = self.clock() if self.clock else None
             self._hold = self.cooldown
             if want == "eb":
                 self.eb.phase = "decode"
@@ -91,4 +96,5 @@ class AdaptivePlanner:
 
     def stats(self) -> dict:
         return {"policy": self.name, "mode": self.mode, "theta": self.eb.theta, "theta0": self.theta0, "k_hat": self.eb.k_hat,
-                "n_hat": self.eb.n_hat, "lhs": self.lhs, "rhs": self.rhs, "switches": len(self.switches)}
+                "n_hat": self.eb.n_hat, "lhs": self.lhs, "rhs": self.rhs, "switches": len(self.switches),
+                "switched_at": self.switched_at}

@@ -86,8 +86,11 @@ def cmd_up(args) -> int:
     from shoal.local_cluster import LocalCluster
 
     cluster = LocalCluster(args.model, workers=args.workers, state_dir=args.dir, dtype=args.dtype,
-                           die_with_parent=not args.detach, host=args.host, insecure=args.insecure).start()
+                           die_with_parent=not args.detach, host=args.host, insecure=args.insecure,
+                           http_port=args.http_port).start()
     print(f"router: {cluster.router}", flush=True)
+    if args.http_port:
+        print(f"status page: http://{args.host}:{args.http_port}/", flush=True)
     print(f"etcd: {cluster.etcd.endpoint}  state: {cluster.dir}", flush=True)
     if cluster.curve_keys:
         print(f"CURVE keys: {cluster.curve_keys}  (clients: SHOAL_CURVE_KEYS={cluster.curve_keys})", flush=True)
@@ -344,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--host", default="127.0.0.1",
                    help="address every node listens on; beyond loopback CURVE keys are made in DIR/keys")
     u.add_argument("--insecure", action="store_true", help="beyond loopback, listen without CURVE keys")
+    u.add_argument("--http-port", type=int, default=0, help="the router serves a status page (jobs, nodes) on this port")
     u.set_defaults(fn=cmd_up)
 
     d = sub.add_parser("down", help="stop a cluster started with `shoal up --detach`")

@@ -23,7 +23,8 @@ class LocalCluster:
                  schedulers: int = 1, env: dict | None = None, worker_args: list[str] | None = None,
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
                  scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1,
-                 storage_args: list[str] | None = None, die_with_parent: bool = True, insecure: bool = False):
+                 storage_args: list[str] | None = None, die_with_parent: bool = True, insecure: bool = False,
+                 http_port: int = 0):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
@@ -36,7 +37,8 @@ class LocalCluster:
         it ends. On a `host` beyond loopback every connection needs CURVE keys: without
         `curve_keys` they are made in STATE_DIR/keys (clients: SHOAL_CURVE_KEYS), unless
         `insecure`; there workers run only built-in programs and storage opens no path a
-        request names unless `worker_args` / `storage_args` allow them (`exposure.py`)."""
+        request names unless `worker_args` / `storage_args` allow them (`exposure.py`).
+        `http_port`: the router serves its status page there (0: none)."""
         if model is None and encoder is None:
             raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
         self.encoder = str(encoder) if encoder else None
@@ -48,6 +50,7 @@ class LocalCluster:
         self.storage_nodes = storage_nodes
         self.storage_args = storage_args or []
         self.die_with_parent = die_with_parent
+        self.http_port = http_port
         self.prefixes: dict[str, list[str] | None] = {}
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
         self.insecure = insecure
@@ -140,8 +143,9 @@ class LocalCluster:
                                                *self.scheduler_args])
             for i in range(self.workers):
                 self._spawn(f"worker-{i}", self._worker_args(f"worker-{i}"))
+            page = ["--http-port", str(self.http_port), "--http-host", self.host] if self.http_port else []
             self.router = self._spawn("router-0", ["shoal.nodes.router", "--dir", str(self.dir / "router"),
-                                                   "--node-id", "router-0", *e])
+                                                   "--node-id", "router-0", *e, *page])
             from shoal.nodes.membership import MemberView
 
             view = MemberView(self.etcd.endpoint, self.cluster).start()

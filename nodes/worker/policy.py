@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from shoal.nodes.worker import calibration
 from shoal.sampling import RequestError
@@ -45,4 +46,4 @@ def build_planner(engine, policy: str, cost_model: CostModel | None = None):
         engine.policy_fallback = str(e)
         return MixedBatchPlanner(cfg)
     engine.cost_model = cm
-    return ExclusiveBatchPlanner(cfg, cm) if policy == "eb" else AdaptivePlanner(cfg, cm)
+    return ExclusiveBatchPlanner(cfg, cm) if policy == "eb" else AdaptivePlanner(cfg, cm, clock=time.time)
