@@ -21,6 +21,7 @@ serves requests, and until results flow again.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -201,6 +202,7 @@ def main() -> None:
     ap.add_argument("--nice-hosts", type=int, default=0,
                     help="run the simulated workers at this nice value: on a machine with few cores, the control "
                          "plane then gets the CPU first, as it would on hosts of its own")
+    ap.add_argument("--json", default=".bench/control_plane.json", help="the rows, and a PNG plot beside them")
     args = ap.parse_args()
     cpu = open("/proc/cpuinfo").read()
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16") if f" {f}" in cpu]
@@ -221,6 +223,21 @@ def main() -> None:
               f"{r['decision_p50_ms']:.1f} / {r['decision_p99_ms']:.1f} | {r['ack_p50_ms']:.1f} / {r['ack_p99_ms']:.1f} | "
               f"{r['scheduler_cpu']:.2f} | {r['takeover_serving_s'] or float('nan'):.1f} s / "
               f"{r['takeover_resumed_s'] or float('nan'):.1f} s ({r['takeover_rebuild_s']:.2f} s) |")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "cpu": f"{os.cpu_count()} cores {' '.join(flags)}", "rows": rows},
+                              indent=2))
+    from plots import line_plot
+
+    line_plot(out.with_suffix(".png"), [r["workers"] for r in rows], [
+        {"ylabel": "decision latency (ms)", "log": True, "series": {
+            "in scheduler p50": [r["inside_p50_ms"] for r in rows], "in scheduler p99": [r["inside_p99_ms"] for r in rows],
+            "at worker p50": [r["decision_p50_ms"] for r in rows], "at worker p99": [r["decision_p99_ms"] for r in rows]}},
+        {"ylabel": "per second", "series": {"messages in": [r["msgs_per_s"] for r in rows],
+                                            "assignments": [r["assigns_per_s"] for r in rows],
+                                            "results": [r["results_per_s"] for r in rows]}},
+        {"ylabel": "scheduler CPU (cores)", "series": {"scheduler": [r["scheduler_cpu"] for r in rows]}},
+    ], "workers", "the control plane as the cluster grows")
 
 
 if __name__ == "__main__":

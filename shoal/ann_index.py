@@ -24,7 +24,7 @@ KINDS = ("ivf", "hnsw")
 # Search defaults, measured on 1M vectors of intrinsic dimension 32 in 384 dimensions
 # (scripts/bench_ann_index.py): recall@10 >= 0.95 against exact search.
 DEFAULT_NPROBE_FRACTION = 0.1  # of the lists: ivf's default nprobe
-HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 80, 128
+HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 80, 160
 TRAIN_POINTS_PER_LIST = 64  # k-means sample (faiss wants at least 39 per list)
 SEARCH_PARAMS = {"ivf": "nprobe", "hnsw": "ef"}
 
