@@ -70,12 +70,10 @@ def run_workload(name: str, items: list[dict], specs: dict, args, losses: dict |
 
 
 def plot(results: dict[str, list[SimOutcome]], path: str) -> None:
-    try:
-        import matplotlib
+    from plots import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print(f"(no plot: matplotlib is not installed; pip install matplotlib, then run again for {path})")
         return
     fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.4 * len(results)), squeeze=False)

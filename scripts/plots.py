@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot for files (Agg), or None where matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -20,7 +21,7 @@ def _pyplot():
 def line_plot(path: str | Path, x: list, panels: list[dict], xlabel: str, title: str = "") -> Path | None:
     """One panel per dict {"ylabel", "series": {label: [y per x]}, ["log": bool]},
     stacked; returns the PNG's path (None, with a note, without matplotlib)."""
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     if plt is None:
         print(f"(no plot: pip install matplotlib, then run again for {path})")

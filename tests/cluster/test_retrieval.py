@@ -39,6 +39,17 @@ def query_ann(item, k=5, index="default", nprobe=None):
     return {"vector": vec[0], "default": default, "own": own}
 
 
+def corpus_matrix(emb) -> tuple[list, np.ndarray]:
+    """Every passage id and its vector (float64), in the embedding output's order."""
+    es = EmbeddingSet(emb)
+    ids, matrix = [], []
+    for name in es.partitions:
+        i, m = es.matrix(name)
+        ids += i
+        matrix.append(m)
+    return ids, np.concatenate(matrix).astype(np.float64)
+
+
 @pytest.fixture(scope="module")
 def rag_cluster(tiny_model, minilm, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rag")
@@ -57,13 +68,7 @@ def test_retrieval_equals_brute_force_for_one_and_three_shards(rag_cluster):
     one = client.load_index(tmp / "index1", "one")
     three = client.load_index(tmp / "index3", "three", replicas=2)
     assert len(one["placement"]) == 1 and [len(n) for n in three["placement"]] == [2, 2, 2]
-    es = EmbeddingSet(emb)
-    ids, matrix = [], []
-    for name in es.partitions:
-        i, m = es.matrix(name)
-        ids += i
-        matrix.append(m)
-    matrix = np.concatenate(matrix).astype(np.float64)
+    ids, matrix = corpus_matrix(emb)
     qs = [{"id": f"q{i}", "q": p["text"][:60]} for i, p in enumerate(corpus[::20])]
     for index in ("one", "three"):
         recs = client.submit(qs, program="test_retrieval:query_both_ways", params={"k": 5, "index": index}).wait(timeout=120)
@@ -86,13 +91,7 @@ def test_approximate_index_with_a_query_s_own_nprobe(rag_cluster):
     c, client, corpus, emb, tmp = rag_cluster
     meta = build_index(emb, tmp / "ivf", 3, kind="ivf")
     client.load_index(tmp / "ivf", "ivf")
-    es = EmbeddingSet(emb)
-    ids, matrix = [], []
-    for name in es.partitions:
-        i, m = es.matrix(name)
-        ids += i
-        matrix.append(m)
-    matrix = np.concatenate(matrix).astype(np.float64)
+    ids, matrix = corpus_matrix(emb)
     nlist = max(s["ann"]["nlist"] for s in meta["shards"])
     qs = [{"id": f"q{i}", "q": p["text"][:60]} for i, p in enumerate(corpus[::25])]
     recs = client.submit(qs, program="test_retrieval:query_ann", params={"k": 5, "index": "ivf", "nprobe": nlist}
