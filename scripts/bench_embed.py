@@ -79,7 +79,9 @@ def main() -> int:
     ap.add_argument("--n-max", type=int, default=1024)
     ap.add_argument("--skip-peer", action="store_true", help="only the partition sweep")
     ap.add_argument("--skip-sweep", action="store_true", help="only the comparison with sentence-transformers")
+    ap.add_argument("--json", default=".bench/embed.json", help="the figures, and a PNG plot of the sweep beside them")
     args = ap.parse_args()
+    figures = {"args": vars(args), "peer": [], "sweep": []}
     enc = minilm()
     texts = w2_texts(vocabulary_words(enc), args.texts, seed=0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-embed-"))
@@ -99,6 +101,8 @@ def main() -> int:
                     print(f"  {dtype} round {r}: shoal {len(texts) / wall:.0f} texts/s (first output {first:.2f}s), "
                           f"sentence-transformers {len(texts) / st_s[-1]:.0f} texts/s", flush=True)
                 a, b = statistics.median(shoal_s), statistics.median(st_s)
+                figures["peer"].append({"dtype": dtype, "shoal_texts_per_s": len(texts) / a,
+                                        "sentence_transformers_texts_per_s": len(texts) / b})
                 print(f"{dtype}: shoal {len(texts) / a:.0f} texts/s vs sentence-transformers {len(texts) / b:.0f} "
                       f"texts/s: {b / a:.2f}x; time to first output {statistics.median(firsts):.2f}s of {a:.1f}s",
                       flush=True)
@@ -121,6 +125,10 @@ def main() -> int:
                     pp, _ = run_job(client, paths, tmp / f"out-pp-{parts}-{sigma}", enc, 1, len(texts), enc_pp)
                     err = (sb_pred.superbatch_s - enc_sb[0]) / enc_sb[0]
                     errors.append(abs(err))
+                    figures["sweep"].append({"partitions": parts, "sigma": sigma, "cv": sb_pred.cv,
+                                             "superbatch_texts_per_s": len(texts) / sb,
+                                             "per_partition_texts_per_s": len(texts) / pp,
+                                             "predicted_gain": sb_pred.gain, "prediction_error": err})
                     print(f"{parts} partitions, sigma {sigma} (CV {sb_pred.cv:.2f}): SuperBatches {len(texts) / sb:.0f} "
                           f"texts/s, per-partition {len(texts) / pp:.0f} texts/s: {pp / sb:.2f}x measured (encoding "
                           f"phase {enc_pp[0] / enc_sb[0]:.2f}x); predicted {sb_pred.gain:.2f}x (phi {sb_pred.phi:.2f}, "
@@ -131,7 +139,28 @@ def main() -> int:
             if errors:
                 print(f"cost model: SuperBatch time within {100 * max(errors):.0f}% (median "
                       f"{100 * statistics.median(errors):.0f}%) of measured, {len(errors)} jobs", flush=True)
+    write_figures(args, figures)
     return 0
+
+
+def write_figures(args, figures: dict) -> None:
+    import json
+
+    from plots import line_plot
+
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2))
+    sweep = figures["sweep"]
+    if not sweep:
+        return
+    series = {}
+    for parts in args.partitions:
+        rows = sorted((r for r in sweep if r["partitions"] == parts), key=lambda r: r["sigma"])
+        series[f"SuperBatches, {parts} partitions"] = [r["superbatch_texts_per_s"] for r in rows]
+        series[f"per partition, {parts} partitions"] = [r["per_partition_texts_per_s"] for r in rows]
+    line_plot(out.with_suffix(".png"), sorted(args.sigmas), [{"ylabel": "texts/s", "series": series}],
+              "sigma of the log-normal partition sizes", "bulk embedding: SuperBatches vs one call per partition")
 
 
 if __name__ == "__main__":

@@ -243,6 +243,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", default=".bench/rag.json", help="the figures, and a PNG plot beside them")
     args = ap.parse_args()
     import torch
 
@@ -263,6 +264,7 @@ def main() -> int:
     params = {"k": args.k, "stop": [], "ignore_eos": True, "trace": True, "max_context_chars": 2400}
     print(f"W3: {len(items)} questions, {hops} hops, k {args.k}, {index.meta['rows']} passages, model {args.model}, "
           f"torch threads {torch.get_num_threads()}", flush=True)
+    rows = []
     for conc in args.concurrency:
         walls = {"shoal": [], "lockstep": []}
         last = {}
@@ -287,7 +289,30 @@ def main() -> int:
         print(f"  shoal:    {split(last['shoal'])}" + (f"; encoder terms refitted to a {refit['a'] * 1e3:.1f} ms, "
                                                           f"c {refit['c'] * 1e6:.0f} us/token" if refit else ""), flush=True)
         print(f"  lockstep: {split(last['lockstep'])}", flush=True)
+        rows.append({"concurrency": conc, "shoal_s": s, "lockstep_s": l, "shoal_steps": sh["steps"],
+                     "lockstep_steps": ls["steps"], "shoal_h200_s": sh["h200_s"], "lockstep_h200_s": ls["h200_s"],
+                     "same_answers": len(items) - len(diff), "questions": len(items)})
+    write_figures(args, rows)
     return 0
+
+
+def write_figures(args, rows: list[dict]) -> None:
+    import json
+
+    from plots import line_plot
+
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+    x = [r["concurrency"] for r in rows]
+    line_plot(out.with_suffix(".png"), x, [
+        {"ylabel": "job time (s)", "series": {"shoal": [r["shoal_s"] for r in rows],
+                                              "lockstep": [r["lockstep_s"] for r in rows]}},
+        {"ylabel": "H200 replay (s)", "series": {"shoal": [r["shoal_h200_s"] for r in rows],
+                                                 "lockstep": [r["lockstep_h200_s"] for r in rows]}},
+        {"ylabel": "engine steps", "series": {"shoal": [r["shoal_steps"] for r in rows],
+                                              "lockstep": [r["lockstep_steps"] for r in rows]}},
+    ], "sequences in flight", "iterative retrieval: coroutines vs lockstep rounds")
 
 
 if __name__ == "__main__":
