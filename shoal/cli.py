@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     mm = sub.add_parser("make-model", help="write a random-weight checkpoint in Hugging Face layout")
-    mm.add_argument("--preset", default="tiny", help="tiny | small")
+    mm.add_argument("--preset", default="tiny", help="tiny | small | moe-tiny | moe-small (Qwen3-MoE, 8 or 16 experts, top 2)")
     mm.add_argument("--out", required=True)
     mm.add_argument("--arch", default="Qwen3ForCausalLM")
     mm.add_argument("--dtype", default="bfloat16")

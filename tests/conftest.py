@@ -28,6 +28,12 @@ def tiny_chat_model(tmp_path_factory):
                  chat_template="chatml")
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_model(tmp_path_factory):
+    """Qwen3-MoE of the tiny shape: 8 experts, top 2, every layer sparse."""
+    return _make(tmp_path_factory, "tiny_moe", preset="moe-tiny", dtype="float32", tokenizer_text_chars=40_000)
+
+
 @pytest.fixture(scope="session", params=["Qwen2ForCausalLM", "LlamaForCausalLM"])
 def tiny_model_family(request, tmp_path_factory):
     return _make(tmp_path_factory, request.param, preset="tiny", architecture=request.param,

@@ -111,3 +111,31 @@ def test_embed_cli_predicts_runs_and_reports_bad_rows(tiny_encoder, tmp_path):
     assert "predicted" in res.stdout and "measured" in res.stdout
     out = EmbeddingSet(tmp_path / "out")
     assert out.missing() == {} and out.matrix("b")[0] == ["b0", "b:3"]
+
+
+def test_generate_chat_messages_with_the_model_s_template(tiny_chat_model, tmp_path):
+    """Items given as chats: rendered with the checkpoint's template on the worker, the
+    same tokens as transformers' apply_chat_template prompt run on the engine; a chat
+    with no messages is refused on its line."""
+    from transformers import AutoTokenizer
+
+    chats = {"c1": [{"role": "user", "content": "The module reads a file"}],
+             "c2": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What does it return?"}]}
+    inp = tmp_path / "chats.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps({"id": i, "messages": m, "max_tokens": 6}) + b"\n" for i, m in chats.items())
+                    + b'{"id": "c3", "messages": []}\n')
+    out = tmp_path / "out.jsonl"
+    res = run_cli("generate", "--model", str(tiny_chat_model), "--input", str(inp), "--output", str(out),
+                  "--on-error", "skip")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "chats.jsonl:3: messages must be a non-empty list" in res.stderr
+    by_id = {r["id"]: r for r in map(orjson.loads, out.read_bytes().splitlines())}
+    assert by_id["c3"]["finish_reason"] == "error"
+    tok = AutoTokenizer.from_pretrained(str(tiny_chat_model))
+    eng = LLMEngine(tiny_chat_model, EngineConfig(policy="mb"))
+    for cid, messages in chats.items():
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        ref = eng.generate([list(ids)], SamplingParams(max_tokens=6, return_margins=True), seq_ids=[cid])[0]
+        cmp = compare_outputs(by_id[cid]["token_ids"], ref.token_ids, [ref.margins])
+        assert cmp, f"{cid}: {cmp.detail}"
+        assert by_id[cid]["prompt_tokens"] == len(ids)

@@ -16,11 +16,12 @@ class ModelError(ValueError):
     """A model folder that Shoal cannot load; the message says why."""
 
 
-# Architecture name in config.json -> model family. The three share one decoder:
-# RMSNorm, RoPE, grouped-query attention, SwiGLU; Qwen2 adds q/k/v biases and Qwen3
-# per-head q/k RMSNorm.
+# Architecture name in config.json -> model family. They share one decoder: RMSNorm,
+# RoPE, grouped-query attention, SwiGLU; Qwen2 adds q/k/v biases, Qwen3 per-head q/k
+# RMSNorm, and Qwen3-MoE replaces the MLP of its sparse layers by routed experts.
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2ForCausalLM": "qwen2",
     "LlamaForCausalLM": "llama",
 }
@@ -45,6 +46,17 @@ class DecoderConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: str
+    # Mixture of experts (0 experts: a dense model). A layer is sparse when its index is
+    # not in mlp_only_layers and (index + 1) is a multiple of decoder_sparse_step.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
 
     @property
     def q_size(self) -> int:
@@ -65,6 +77,10 @@ class DecoderConfig:
             "num_heads": self.num_heads,
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
+            **({"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
+                "moe_intermediate_size": self.moe_intermediate_size, "norm_topk_prob": self.norm_topk_prob,
+                "sparse_layers": [i for i in range(self.num_layers) if self.is_moe_layer(i)]}
+               if self.num_experts else {}),
         }
 
 
@@ -119,7 +135,21 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", default_bias)),
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         eos_token_ids=eos_ids,
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+        **(_moe_fields(raw, source, need) if family == "qwen3_moe" else {}),
     )
+
+
+def _moe_fields(raw: dict, source: str, need) -> dict:
+    experts, top_k = int(need("num_experts")), int(need("num_experts_per_tok"))
+    if not 1 <= top_k <= experts:
+        raise ModelError(f"{source}: num_experts_per_tok {top_k} must be between 1 and num_experts {experts}")
+    step = int(raw.get("decoder_sparse_step", 1))
+    if step < 1:
+        raise ModelError(f"{source}: decoder_sparse_step must be at least 1, got {step}")
+    return {"num_experts": experts, "num_experts_per_tok": top_k,
+            "moe_intermediate_size": int(need("moe_intermediate_size")),
+            "norm_topk_prob": bool(raw.get("norm_topk_prob", False)), "decoder_sparse_step": step,
+            "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ())}

@@ -21,6 +21,7 @@ from torch import nn
 from shoal.nodes.worker.attention import AttentionMetadata, paged_attention
 from shoal.nodes.worker.models.config import DecoderConfig
 from shoal.nodes.worker.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
+from shoal.nodes.worker.models.moe import MoeBlock
 
 
 def traced(name: str):
@@ -75,12 +76,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, index: int = 0):
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = Attention(cfg)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MoeBlock(cfg) if cfg.is_moe_layer(index) else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, kv_cache, meta):
         x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, meta)
@@ -97,6 +98,9 @@ class DecoderLayer(nn.Module):
         h = self.attn.forward_native(h, positions, rope, kv_cache, meta)
         with traced("shoal::rms_norm"):
             h = ops.rms_norm(h, residual, self.post_attn_norm.weight, eps)
+        if isinstance(self.mlp, MoeBlock):
+            with traced("shoal::moe"):
+                return self.mlp(h), residual
         gate_up = self.mlp.gate_up(h)
         with traced("shoal::silu_mul"):
             act = ops.silu_mul(gate_up)
@@ -108,7 +112,7 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -47,6 +47,13 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (d,)
             shapes[p + "self_attn.k_norm.weight"] = (d,)
+        if cfg.is_moe_layer(i):
+            shapes[p + "mlp.gate.weight"] = (cfg.num_experts, h)
+            for e in range(cfg.num_experts):
+                shapes[p + f"mlp.experts.{e}.gate_proj.weight"] = (cfg.moe_intermediate_size, h)
+                shapes[p + f"mlp.experts.{e}.up_proj.weight"] = (cfg.moe_intermediate_size, h)
+                shapes[p + f"mlp.experts.{e}.down_proj.weight"] = (h, cfg.moe_intermediate_size)
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, h)
         shapes[p + "mlp.up_proj.weight"] = (cfg.intermediate_size, h)
         shapes[p + "mlp.down_proj.weight"] = (h, cfg.intermediate_size)
@@ -115,6 +122,13 @@ def load_decoder(model_dir: str | Path, dtype: str | torch.dtype = "float32") ->
         if cfg.qk_norm:
             state[q + "attn.q_norm.weight"] = tensors[p + "self_attn.q_norm.weight"]
             state[q + "attn.k_norm.weight"] = tensors[p + "self_attn.k_norm.weight"]
+        if cfg.is_moe_layer(i):  # experts stacked: one tensor each for gate+up and down (`moe.py`)
+            e = [f"{p}mlp.experts.{j}." for j in range(cfg.num_experts)]
+            state[q + "mlp.router.weight"] = tensors[p + "mlp.gate.weight"]
+            state[q + "mlp.gate_up"] = torch.stack([torch.cat([tensors[x + "gate_proj.weight"], tensors[x + "up_proj.weight"]])
+                                                    for x in e])
+            state[q + "mlp.down"] = torch.stack([tensors[x + "down_proj.weight"] for x in e])
+            continue
         state[q + "mlp.gate_up.weight"] = torch.cat([tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]])
         state[q + "mlp.down.weight"] = tensors[p + "mlp.down_proj.weight"]
     with torch.no_grad():

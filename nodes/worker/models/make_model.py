@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from shoal.nodes.worker.models.config import ModelError
 from shoal.nodes.worker.models.loader import expected_shapes, parse_dtype
 from shoal.nodes.worker.models.config import decoder_config_from_dict
-from shoal.nodes.worker.models.presets import PRESETS, TOKENIZER_TEXT_CHARS
+from shoal.nodes.worker.models.presets import MOE_ARCHITECTURE, PRESETS, TOKENIZER_TEXT_CHARS
 from shoal.nodes.worker.tokenizer_builder import EOS_TOKEN, build_tokenizer
 
 
@@ -45,10 +45,13 @@ def preset_config(preset: str, architecture: str = "Qwen3ForCausalLM", dtype: st
                   overrides: dict | None = None) -> dict:
     if preset not in PRESETS:
         raise ModelError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    if architecture not in ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"):
-        raise ModelError(f"unsupported architecture {architecture!r}")
     shape = {**PRESETS[preset], **(overrides or {})}
-    model_type = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}[architecture]
+    if "num_experts" in shape:  # a mixture-of-experts preset has one architecture
+        architecture = MOE_ARCHITECTURE
+    if architecture not in ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", MOE_ARCHITECTURE):
+        raise ModelError(f"unsupported architecture {architecture!r}")
+    model_type = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama",
+                  MOE_ARCHITECTURE: "qwen3_moe"}[architecture]
     cfg = {
         "architectures": [architecture],
         "model_type": model_type,

@@ -8,6 +8,17 @@ PRESETS: dict[str, dict] = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
     ),
+    # Mixture of experts (Qwen3-MoE): the tiny and small attention stacks, 8 / 16 experts, top 2.
+    "moe-tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+    ),
+    "moe-small": dict(
+        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=4, head_dim=64, vocab_size=32000, max_position_embeddings=4096,
+        num_experts=16, num_experts_per_tok=2, moe_intermediate_size=768, norm_topk_prob=True,
+    ),
     # the W1 benchmark's model: ~100M parameters.
     "small": dict(
         hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
@@ -17,4 +28,6 @@ PRESETS: dict[str, dict] = {
 
 # Tokenizer training text per preset, in characters of stdlib docstrings: enough to
 # learn the vocabulary, little enough to build in seconds.
-TOKENIZER_TEXT_CHARS = {"tiny": 150_000, "small": 1_500_000}
+TOKENIZER_TEXT_CHARS = {"tiny": 150_000, "small": 1_500_000, "moe-tiny": 150_000, "moe-small": 1_500_000}
+# Presets that are mixtures of experts, and the architecture they are written as.
+MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"

@@ -1,0 +1,63 @@
+"""A sparse mixture-of-experts MLP (Qwen3-MoE), batched by expert.
+
+Each token's router picks its top-k experts (softmax over the router logits in fp32,
+then top-k, renormalized when the checkpoint says `norm_topk_prob`, as transformers
+does). Then the step's (token, expert) pairs of every sequence are sorted by expert,
+and each expert that any token chose runs one matrix multiply over all of its tokens:
+the larger the step, the larger each expert's batch. Outputs are weighted and summed
+back into their tokens in expert order (the order transformers adds them in).
+
+Expert weights are stacked: gate and up fused as [experts, 2 * intermediate, hidden],
+down as [experts, hidden, intermediate] (`loader.py` builds them from the checkpoint's
+per-expert tensors).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shoal.nodes.worker.models.config import DecoderConfig
+
+
+class MoeBlock(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.num_experts, self.top_k, self.norm_topk = cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.intermediate = cfg.moe_intermediate_size
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate_up = nn.Parameter(torch.empty(cfg.num_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size))
+        self.down = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in x's dtype, experts [T, k]) of every token."""
+        probs = F.softmax(self.router(x).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down[e])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.route(x)
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
+        tokens = order // self.top_k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        gathered = x[tokens]
+        out = torch.empty_like(gathered)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:  # experts no token chose cost nothing
+                out[start:start + n] = self.expert(e, gathered[start:start + n])
+                start += n
+        out *= weights.reshape(-1)[order].unsqueeze(-1)
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+    def expert_batches(self, x: torch.Tensor) -> list[int]:
+        """Tokens per expert for this input: what one step's expert batches are."""
+        return torch.bincount(self.route(x)[1].reshape(-1), minlength=self.num_experts).tolist()
