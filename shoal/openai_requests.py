@@ -27,7 +27,7 @@ SAMPLING = ("temperature", "top_p", "seed", "stop", "top_k", "stop_token_ids", "
 NO_OP_VALUES = {"n": (1,), "best_of": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                 "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
                 "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
-                "response_format": (None, {"type": "text"}), "stream": (False, None)}
+                "response_format": (None, {"type": "text"})}
 CHAT_FIELDS = frozenset({"messages", "max_tokens", "max_completion_tokens", *SAMPLING})
 COMPLETION_FIELDS = frozenset({"prompt", "max_tokens", *SAMPLING})
 EMBEDDING_FIELDS = frozenset({"input", "encoding_format", "dimensions"})

@@ -80,6 +80,26 @@ def test_a_worker_drained_mid_generation(tiny_model, tmp_path):
         check_same(res, items, engine_reference(tiny_model, items, params))
 
 
+def test_moe_sequences_drained_mid_generation(tiny_moe_model, tmp_path):
+    """A mixture-of-experts model moves like any other: worker-1 is drained mid-generation
+    (checkpoints every 8 tokens), its sequences continue on worker-0 with their KV, and
+    the output equals an undisturbed run."""
+    r = random.Random(5)
+    items = [{"id": f"m{i}", "prompt_token_ids": [r.randrange(511) for _ in range(r.randint(2, 40))],
+              "max_tokens": r.randint(8, 40)} for i in range(120)]
+    greedy = SamplingParams(max_tokens=40, ignore_eos=True, return_margins=True)
+    with cluster(tiny_moe_model, tmp_path, workers=2) as c:
+        client = shoal.Client(c.router)
+        job = client.submit(items, params=greedy.to_dict())
+        wait_until(lambda: counters(c, "worker-1").get("sequences.assigned", 0) > 0, 60, "work on worker-1")
+        client.drain("worker-1")
+        assert c.process("worker-1").wait(timeout=120) == 0, "the drained worker did not exit cleanly"
+        results = job.wait(timeout=300)
+        assert counters(c, "worker-0").get("sequences.imported", 0) > 0, "nothing moved off the drained worker"
+        assert counters(c, "worker-0").get("checkpoints", 0) > 0
+    check_same(results, items, engine_reference(tiny_moe_model, items, greedy))
+
+
 def test_one_sequence_moved_back_and_forth(tiny_model, tmp_path):
     items = [{"id": "long", "prompt_token_ids": [5, 6, 7, 8], "max_tokens": 2000}] + [
         {"id": f"s{i}", "prompt_token_ids": [i + 1, i + 2], "max_tokens": 8} for i in range(6)]
