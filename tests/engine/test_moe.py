@@ -1,5 +1,5 @@
-"""Qwen3-MoE: logits and greedy tokens equal transformers' on the same folder (fp32),
-and the expert-batched MLP equals running each sequence's tokens alone."""
+"""Qwen3-MoE and Qwen2-MoE: logits and greedy tokens equal transformers' on the same
+folder (fp32), and the expert-batched MLP equals running each sequence's tokens alone."""
 
 from __future__ import annotations
 
@@ -33,3 +33,13 @@ def test_expert_batches_do_not_change_a_token_s_output(tiny_moe_model):
         batches = moe.expert_batches(torch.cat(seqs))
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
     assert sum(batches) == 2 * sum(len(s) for s in seqs) and sum(b > 0 for b in batches) == 8
+
+
+def test_qwen2_moe_with_its_shared_expert_matches_transformers(tmp_path):
+    from shoal.nodes.worker.models.make_model import make_model
+
+    folder = make_model(tmp_path / "q2moe", preset="moe-tiny", architecture="Qwen2MoeForCausalLM", dtype="float32",
+                        tokenizer_text_chars=40_000)
+    eng = LLMEngine(folder, EngineConfig(max_num_batched_tokens=96))
+    assert eng.model_cfg.shared_expert_intermediate_size == 128 and eng.model_cfg.attention_bias
+    check_against_hf(folder, eng, random_prompts(6, 512, MIXED, seed=5), max_tokens=12, greedy_refs=1)

@@ -18,10 +18,12 @@ class ModelError(ValueError):
 
 # Architecture name in config.json -> model family. They share one decoder: RMSNorm,
 # RoPE, grouped-query attention, SwiGLU; Qwen2 adds q/k/v biases, Qwen3 per-head q/k
-# RMSNorm, and Qwen3-MoE replaces the MLP of its sparse layers by routed experts.
+# RMSNorm; Qwen3-MoE and Qwen2-MoE replace the MLP of their sparse layers by routed
+# experts (Qwen2-MoE adds a shared expert behind a sigmoid gate).
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen2ForCausalLM": "qwen2",
     "LlamaForCausalLM": "llama",
 }
@@ -54,6 +56,7 @@ class DecoderConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
@@ -79,6 +82,7 @@ class DecoderConfig:
             "head_dim": self.head_dim,
             **({"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
                 "moe_intermediate_size": self.moe_intermediate_size, "norm_topk_prob": self.norm_topk_prob,
+                "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
                 "sparse_layers": [i for i in range(self.num_layers) if self.is_moe_layer(i)]}
                if self.num_experts else {}),
         }
@@ -119,7 +123,7 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
     heads = int(need("num_attention_heads"))
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-    default_bias = family == "qwen2"
+    default_bias = family in ("qwen2", "qwen2_moe")
     return DecoderConfig(
         architecture=arch,
         family=family,
@@ -134,11 +138,11 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
         rope_theta=float(raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=bool(raw.get("attention_bias", default_bias)),
+        attention_bias=bool(raw.get("attention_bias", raw.get("qkv_bias", default_bias))),
         qk_norm=family in ("qwen3", "qwen3_moe"),
         eos_token_ids=eos_ids,
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-        **(_moe_fields(raw, source, need) if family == "qwen3_moe" else {}),
+        **(_moe_fields(raw, source, need) if family.endswith("_moe") else {}),
     )
 
 
@@ -152,4 +156,5 @@ def _moe_fields(raw: dict, source: str, need) -> dict:
     return {"num_experts": experts, "num_experts_per_tok": top_k,
             "moe_intermediate_size": int(need("moe_intermediate_size")),
             "norm_topk_prob": bool(raw.get("norm_topk_prob", False)), "decoder_sparse_step": step,
-            "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ())}
+            "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+            "shared_expert_intermediate_size": int(raw.get("shared_expert_intermediate_size") or 0)}

@@ -53,6 +53,12 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
                 shapes[p + f"mlp.experts.{e}.gate_proj.weight"] = (cfg.moe_intermediate_size, h)
                 shapes[p + f"mlp.experts.{e}.up_proj.weight"] = (cfg.moe_intermediate_size, h)
                 shapes[p + f"mlp.experts.{e}.down_proj.weight"] = (h, cfg.moe_intermediate_size)
+            if cfg.shared_expert_intermediate_size:
+                s = cfg.shared_expert_intermediate_size
+                shapes[p + "mlp.shared_expert.gate_proj.weight"] = (s, h)
+                shapes[p + "mlp.shared_expert.up_proj.weight"] = (s, h)
+                shapes[p + "mlp.shared_expert.down_proj.weight"] = (h, s)
+                shapes[p + "mlp.shared_expert_gate.weight"] = (1, h)
             continue
         shapes[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, h)
         shapes[p + "mlp.up_proj.weight"] = (cfg.intermediate_size, h)
@@ -128,6 +134,11 @@ def load_decoder(model_dir: str | Path, dtype: str | torch.dtype = "float32") ->
             state[q + "mlp.gate_up"] = torch.stack([torch.cat([tensors[x + "gate_proj.weight"], tensors[x + "up_proj.weight"]])
                                                     for x in e])
             state[q + "mlp.down"] = torch.stack([tensors[x + "down_proj.weight"] for x in e])
+            if cfg.shared_expert_intermediate_size:
+                s = p + "mlp.shared_expert."
+                state[q + "mlp.shared.gate_up.weight"] = torch.cat([tensors[s + "gate_proj.weight"], tensors[s + "up_proj.weight"]])
+                state[q + "mlp.shared.down.weight"] = tensors[s + "down_proj.weight"]
+                state[q + "mlp.shared_gate.weight"] = tensors[p + "mlp.shared_expert_gate.weight"]
             continue
         state[q + "mlp.gate_up.weight"] = torch.cat([tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]])
         state[q + "mlp.down.weight"] = tensors[p + "mlp.down_proj.weight"]

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from shoal.nodes.worker.models.config import ModelError
 from shoal.nodes.worker.models.loader import expected_shapes, parse_dtype
 from shoal.nodes.worker.models.config import decoder_config_from_dict
-from shoal.nodes.worker.models.presets import MOE_ARCHITECTURE, PRESETS, TOKENIZER_TEXT_CHARS
+from shoal.nodes.worker.models.presets import MOE_ARCHITECTURE, MOE_ARCHITECTURES, PRESETS, TOKENIZER_TEXT_CHARS
 from shoal.nodes.worker.tokenizer_builder import EOS_TOKEN, build_tokenizer
 
 
@@ -46,12 +46,16 @@ def preset_config(preset: str, architecture: str = "Qwen3ForCausalLM", dtype: st
     if preset not in PRESETS:
         raise ModelError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     shape = {**PRESETS[preset], **(overrides or {})}
-    if "num_experts" in shape:  # a mixture-of-experts preset has one architecture
+    if "num_experts" in shape and architecture not in MOE_ARCHITECTURES:  # a MoE preset is a MoE model
         architecture = MOE_ARCHITECTURE
-    if architecture not in ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", MOE_ARCHITECTURE):
+    if architecture not in ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", *MOE_ARCHITECTURES):
         raise ModelError(f"unsupported architecture {architecture!r}")
+    if architecture in MOE_ARCHITECTURES and "num_experts" not in shape:
+        raise ModelError(f"{architecture} needs a mixture-of-experts preset (moe-tiny, moe-small)")
+    if architecture == "Qwen2MoeForCausalLM":
+        shape.setdefault("shared_expert_intermediate_size", 2 * shape["moe_intermediate_size"])
     model_type = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama",
-                  MOE_ARCHITECTURE: "qwen3_moe"}[architecture]
+                  MOE_ARCHITECTURE: "qwen3_moe", "Qwen2MoeForCausalLM": "qwen2_moe"}[architecture]
     cfg = {
         "architectures": [architecture],
         "model_type": model_type,
@@ -61,14 +65,16 @@ def preset_config(preset: str, architecture: str = "Qwen3ForCausalLM", dtype: st
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "tie_word_embeddings": True,
         "hidden_act": "silu",
-        "attention_bias": architecture == "Qwen2ForCausalLM",
+        "attention_bias": architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"),
         "bos_token_id": None,
         "eos_token_id": shape["vocab_size"] - 1,
         "torch_dtype": dtype,
         "use_cache": True,
     }
-    if architecture == "Qwen2ForCausalLM":
+    if architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         cfg["use_sliding_window"] = False
+    if architecture == "Qwen2MoeForCausalLM":
+        cfg["qkv_bias"] = True
     return cfg
 
 

@@ -7,6 +7,9 @@ and each expert that any token chose runs one matrix multiply over all of its to
 the larger the step, the larger each expert's batch. Outputs are weighted and summed
 back into their tokens in expert order (the order transformers adds them in).
 
+Qwen2-MoE adds a shared expert every token runs, scaled by a sigmoid gate, added after
+the routed experts (as transformers adds it).
+
 Expert weights are stacked: gate and up fused as [experts, 2 * intermediate, hidden],
 down as [experts, hidden, intermediate] (`loader.py` builds them from the checkpoint's
 per-expert tensors).
@@ -19,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.nodes.worker.models.config import DecoderConfig
+from shoal.nodes.worker.models.layers import SwiGLU
 
 
 class MoeBlock(nn.Module):
@@ -29,6 +33,10 @@ class MoeBlock(nn.Module):
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.gate_up = nn.Parameter(torch.empty(cfg.num_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size))
         self.down = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size))
+        self.shared = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+            self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in x's dtype, experts [T, k]) of every token."""
@@ -56,7 +64,10 @@ class MoeBlock(nn.Module):
                 out[start:start + n] = self.expert(e, gathered[start:start + n])
                 start += n
         out *= weights.reshape(-1)[order].unsqueeze(-1)
-        return torch.zeros_like(x).index_add_(0, tokens, out)
+        routed = torch.zeros_like(x).index_add_(0, tokens, out)
+        if self.shared is None:
+            return routed
+        return routed + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
 
     def expert_batches(self, x: torch.Tensor) -> list[int]:
         """Tokens per expert for this input: what one step's expert batches are."""

@@ -29,5 +29,7 @@ PRESETS: dict[str, dict] = {
 # Tokenizer training text per preset, in characters of stdlib docstrings: enough to
 # learn the vocabulary, little enough to build in seconds.
 TOKENIZER_TEXT_CHARS = {"tiny": 150_000, "small": 1_500_000, "moe-tiny": 150_000, "moe-small": 1_500_000}
-# Presets that are mixtures of experts, and the architecture they are written as.
+# The architecture a mixture-of-experts preset is written as (Qwen2-MoE on request:
+# it adds a shared expert of twice the experts' width).
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
+MOE_ARCHITECTURES = (MOE_ARCHITECTURE, "Qwen2MoeForCausalLM")
