@@ -66,6 +66,9 @@ class EngineConfig:
     # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
     # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
     packed_linears: bool = True
+    # Bytes of weights the device may hold (0: all of them). Less streams the layers that
+    # do not fit from host memory (`weight_streamer.py`).
+    device_memory: int = 0
     # Step planning: "mb", "eb" or "ebplus" (switches between them online). EB and EB+
     # need the device calibration: loaded from the state dir, or measured at start-up.
     policy: str = "ebplus"
@@ -126,11 +129,18 @@ class LLMEngine:
         self.budget_reason = "no device calibration: the default" if auto_budget else "set by the user"
         self.config = config
         self.model, self.fingerprint = load_decoder(model_dir, config.dtype)
+        self.streamer = None
+        if config.device_memory:
+            from shoal.nodes.worker.weight_streamer import WeightStreamer, nbytes
+
+            if nbytes(self.model) > config.device_memory:
+                self.streamer = self.model.streamer = WeightStreamer(self.model, config.device_memory)
         self.packed_linears = 0
         if config.packed_linears:
             from shoal.nodes.worker.models.packed_linear import pack_linears
 
-            self.packed_linears = pack_linears(self.model)
+            streamed = tuple(self.model.layers[i] for i in self.streamer.streamed) if self.streamer else ()
+            self.packed_linears = pack_linears(self.model, skip=streamed)
         self.model_cfg = self.model.cfg
         self.tokenizer = TextTokenizer(model_dir)
         dtype = parse_dtype(config.dtype)
@@ -234,7 +244,8 @@ class LLMEngine:
                 "budget": self.config.max_num_batched_tokens, "budget_reason": self.budget_reason,
                 "threads": self.threads,
                 "attention": "native" if self.runner.kernel is not None else "sdpa",
-                "packed_linears": self.packed_linears}
+                "packed_linears": self.packed_linears,
+                "weight_streaming": self.streamer.summary() if self.streamer else None}
 
     # -- requests --------------------------------------------------------------------
 

@@ -41,6 +41,9 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")
+    ap.add_argument("--device-memory", type=int, default=0,
+                    help="bytes of decoder weights the device may hold (0: all); layers beyond it stream from host "
+                         "memory, and a MoE layer copies only the experts its router chose")
     ap.add_argument("--link-bytes-per-s", type=float, default=1.25e9,
                     help="bandwidth to other workers, for the rule that ships a moving sequence's KV or drops it")
     ap.add_argument("--checkpoint-tokens", type=int, default=256,
@@ -75,7 +78,7 @@ def load_decoder(args):
 
         return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                   max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
-                                                  kv_cache_bytes=args.kv_cache_bytes))
+                                                  kv_cache_bytes=args.kv_cache_bytes, device_memory=args.device_memory))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:

@@ -118,6 +118,7 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.streamer = None  # `weight_streamer.py`, when the device cannot hold every layer
 
     @torch.inference_mode()
     def forward(
@@ -133,12 +134,18 @@ class DecoderLM(nn.Module):
         x = self.embed(input_ids)
         if meta.kernel is not None:
             residual = x.new_empty(0)
-            for layer, cache in zip(self.layers, kv_caches):
+            for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
+                if self.streamer is not None:
+                    self.streamer.before_layer(i)
                 x, residual = layer.forward_native(x, residual, positions, self.rope, cache, meta)
             x = meta.kernel.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
-            return self.lm_head(x).float()
-        cos, sin = self.rope.tables(positions, x.dtype)
-        for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, cache, meta)
-        x = self.norm(x[logit_rows])
+        else:
+            cos, sin = self.rope.tables(positions, x.dtype)
+            for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
+                if self.streamer is not None:
+                    self.streamer.before_layer(i)
+                x = layer(x, cos, sin, cache, meta)
+            x = self.norm(x[logit_rows])
+        if self.streamer is not None:
+            self.streamer.after_step()
         return self.lm_head(x).float()

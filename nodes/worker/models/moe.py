@@ -33,6 +33,7 @@ class MoeBlock(nn.Module):
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.gate_up = nn.Parameter(torch.empty(cfg.num_experts, 2 * cfg.moe_intermediate_size, cfg.hidden_size))
         self.down = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size))
+        self.on_experts = None  # fn(experts chosen this step): weight streaming fetches them
         self.shared = None
         if cfg.shared_expert_intermediate_size:
             self.shared = SwiGLU(cfg.hidden_size, cfg.shared_expert_intermediate_size)
@@ -56,6 +57,8 @@ class MoeBlock(nn.Module):
         order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
         tokens = order // self.top_k
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        if self.on_experts is not None:
+            self.on_experts([e for e, n in enumerate(counts) if n])
         gathered = x[tokens]
         out = torch.empty_like(gathered)
         start = 0

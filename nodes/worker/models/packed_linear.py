@@ -52,13 +52,15 @@ def onednn_usable(dtype: torch.dtype) -> bool:
         return False
 
 
-def pack_linears(model: nn.Module, batch_hint: int = 128) -> int:
+def pack_linears(model: nn.Module, batch_hint: int = 128, skip: tuple[nn.Module, ...] = ()) -> int:
     """Replaces every CPU `nn.Linear` of `model` by a `PackedLinear`; returns how many.
-    A tied output projection gets its own packed copy (the embedding keeps the weight)."""
+    A tied output projection gets its own packed copy (the embedding keeps the weight).
+    Modules inside `skip` keep theirs (streamed layers: their weights are copied in)."""
     dtype = next(model.parameters()).dtype
     if next(model.parameters()).device.type != "cpu" or not onednn_usable(dtype):
         return 0
-    targets = [(parent, name, child) for parent in model.modules()
+    skipped = {id(m) for s in skip for m in s.modules()}
+    targets = [(parent, name, child) for parent in model.modules() if id(parent) not in skipped
                for name, child in parent.named_children() if type(child) is nn.Linear]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child, batch_hint))
