@@ -33,7 +33,11 @@ def nbytes(module: nn.Module) -> int:
 
 
 class WeightStreamer:
-    def __init__(self, model: nn.Module, device_bytes: int):
+    def __init__(self, model: nn.Module, device_bytes: int, resident_layers: int | None = None,
+                 overlap: bool = True, routed_experts_only: bool = True):
+        """`resident_layers`, `overlap` and `routed_experts_only` exist for baselines
+        (`scripts/bench_offload_weights.py`): a fixed count of resident layers, copies
+        not started ahead of use, every expert copied."""
         layers = list(model.layers)
         per_layer = [nbytes(layer) for layer in layers]
         fixed = nbytes(model) - sum(per_layer)
@@ -43,6 +47,9 @@ class WeightStreamer:
         while resident < len(layers) and fixed + sum(per_layer[:resident + 1]) + (
                 2 * slot if resident + 1 < len(layers) else 0) <= device_bytes:
             resident += 1
+        if resident_layers is not None:
+            resident, device_bytes = resident_layers, fixed + sum(per_layer[:resident_layers]) + 2 * slot
+        self.overlap, self.routed_experts_only = overlap, routed_experts_only
         if fixed + sum(per_layer[:resident]) + (2 * slot if resident < len(layers) else 0) > device_bytes:
             raise ValueError(f"--device-memory {device_bytes} bytes cannot hold the embeddings and output projection "
                              f"({fixed} bytes) and two streamed layers ({2 * slot} bytes)")
@@ -107,17 +114,19 @@ class WeightStreamer:
         self.stats["fetch_wait_s"] += time.perf_counter() - t
         self.stats["layers_fetched"] += 1
         n = self.position[i]
-        if n + 1 < len(self.streamed):
+        if n + 1 < len(self.streamed) and self.overlap:
             self._prefetch(self.streamed[n + 1])
 
     def after_step(self) -> None:
         """The next step starts with the first streamed layer: fetch it now (its slot is free)."""
-        if self.streamed:
+        if self.streamed and self.overlap:
             self._prefetch(self.streamed[0])
 
     def fetch_experts(self, i: int, used: list[int]) -> None:
         """Copies the experts a MoE layer's router chose for this step, and no others."""
         slot, host = self.slots[self.position[i] % 2], self.host[i]
+        if not self.routed_experts_only:
+            used = list(range(host["mlp.gate_up"].shape[0]))
         with torch.no_grad():
             for name in EXPERT_PARAMS:
                 key = f"mlp.{name}"
