@@ -31,6 +31,12 @@ def index_id(folder: str | Path) -> str:
     return hashlib.blake2b((Path(folder) / "index.json").read_bytes(), digest_size=8).hexdigest()
 
 
+def _search_setting(p) -> bool:
+    """One query's approximate search setting: {}, {"nprobe": n} or {"ef": n}, n > 0."""
+    return isinstance(p, dict) and set(p) <= {"nprobe", "ef"} and all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in p.values())
+
+
 class IndexService:
     def __init__(self, data_dir: Path, counters, data_roots=None):
         self.data_roots = data_roots  # where an index to load may be
@@ -104,8 +110,7 @@ class IndexService:
         if msg["k"] < 1:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"k must be at least 1, got {msg['k']}")
         params = msg["params"]
-        if params and (len(params) != count or any(set(p) - {"nprobe", "ef"} or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in p.values()) for p in params)):
+        if params and (len(params) != count or not all(map(_search_setting, params))):
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"params must be empty or one {{nprobe | ef: positive "
                                 f"integer}} per query ({count}), got {params[:3]!r}...")
         queries = np.frombuffer(bytes(blob), np.float32).reshape(count, dim)

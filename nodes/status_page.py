@@ -27,6 +27,7 @@ PAGE = Path(__file__).with_name("status_page.html")
 RECENT_JOBS = 20  # the newest jobs submitted through this router
 HISTORY_POINTS = 300  # per job: ten minutes at one sample every two seconds
 RATE_WINDOW_S = 30.0  # the throughput an ETA is computed from
+FINAL_STATES = ("done", "cancelled")  # a job's row no longer changes: it is not asked again
 
 
 class JobHistory:
@@ -84,6 +85,7 @@ class StatusPage:
     def __init__(self, router, port: int, host: str = "127.0.0.1", every_s: float = 2.0):
         self.router, self.port, self.host, self.every_s = router, port, host, every_s
         self.history: dict[str, JobHistory] = {}
+        self.finished: dict[str, dict] = {}  # job_id -> its last row, once in a final state
         self.snapshot: dict = {"jobs": [], "nodes": [], "at": 0.0}
         self.server = None
         self._tasks: set = set()
@@ -112,24 +114,30 @@ class StatusPage:
         now = time.time()
 
         async def one(job_id: str) -> dict:
+            if job_id in self.finished:
+                return self.finished[job_id]
             try:
                 st = await self.router._status(job_id)
             except Exception as e:
                 return {"job_id": job_id, "state": "unknown", "error": str(e)}
             history = self.history.setdefault(job_id, JobHistory())
-            if st["state"] == "running" or not history.points or history.points[-1][1] != st["done"]:
-                history.add(now, st["done"])
+            history.add(now, st["done"])
             rate = history.rate() if st["state"] == "running" else 0.0
             left = st["total"] - st["done"]
             detail = st.get("detail") or {}
-            return {"job_id": job_id, "state": st["state"], "total": st["total"], "done": st["done"],
-                    "failed": st["failed"], "rate": round(rate, 3), "eta_s": round(left / rate, 1) if rate > 0 else None,
-                    "tokens_per_s": st.get("tokens_per_s", 0.0), "program": detail.get("program", ""),
-                    "throughput": history.series()}
+            row = {"job_id": job_id, "state": st["state"], "total": st["total"], "done": st["done"],
+                   "failed": st["failed"], "rate": round(rate, 3), "eta_s": round(left / rate, 1) if rate > 0 else None,
+                   "tokens_per_s": st.get("tokens_per_s", 0.0), "program": detail.get("program", ""),
+                   "throughput": history.series()}
+            if st["state"] in FINAL_STATES:
+                self.finished[job_id] = row
+                self.history.pop(job_id, None)
+            return row
 
         out = await asyncio.gather(*(one(j) for j in ids))
-        for gone in set(self.history) - set(ids):
-            del self.history[gone]
+        for table in (self.history, self.finished):
+            for gone in set(table) - set(ids):
+                del table[gone]
         return list(out)
 
     async def _nodes(self) -> list[dict]:

@@ -94,26 +94,31 @@ def parse_request(rec, line: int, seen: dict[str, int] | None = None, embedding_
     try:
         if kind == "embedding":
             texts, encoding = _embedding(body, embedding_dim)
-            if seen is not None:
-                seen[custom_id] = line
-            return BatchRequest(line, custom_id, kind, model, {"id": custom_id, "kind": kind, "input": texts}, encoding)
-        item = {"id": custom_id, "kind": kind, **_sampling(body)}
-        if kind == "chat":
-            item["messages"] = _messages(body.get("messages"))
-            limit = body.get("max_completion_tokens", body.get("max_tokens"))
+            request = BatchRequest(line, custom_id, kind, model, {"id": custom_id, "kind": kind, "input": texts}, encoding)
         else:
-            item["prompts"] = _prompts(body.get("prompt"))
-            limit = body.get("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
-        if limit is not None:
-            if not _is_int(limit) or limit <= 0:
-                raise RequestLineError(f"max_tokens must be a positive integer, got {limit!r}", param="body.max_tokens")
-            item["max_tokens"] = limit
-        _check_sampling(item)
+            request = BatchRequest(line, custom_id, kind, model, _generation_item(custom_id, kind, body))
     except RequestLineError as e:
         fail(str(e), e.param)
     if seen is not None:
         seen[custom_id] = line
-    return BatchRequest(line, custom_id, kind, model, item)
+    return request
+
+
+def _generation_item(custom_id: str, kind: str, body: dict) -> dict:
+    """A chat's or completion's item: its prompt(s), max_tokens and sampling."""
+    item = {"id": custom_id, "kind": kind, **_sampling(body)}
+    if kind == "chat":
+        item["messages"] = _messages(body.get("messages"))
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    else:
+        item["prompts"] = _prompts(body.get("prompt"))
+        limit = body.get("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
+    if limit is not None:
+        if not _is_int(limit) or limit <= 0:
+            raise RequestLineError(f"max_tokens must be a positive integer, got {limit!r}", param="body.max_tokens")
+        item["max_tokens"] = limit
+    _check_sampling(item)
+    return item
 
 
 def _sampling(body: dict) -> dict:

@@ -116,7 +116,7 @@ class IndexClient:
     def search(self, name: str, queries: np.ndarray, k: int, params: list[dict] | None = None) -> list[list[dict]]:
         """Top-k hits ({id, score, text}, best first) per query row, over every shard;
         `params`: per query, its approximate search setting ({} for the index's default)."""
-        params = [p for p in params if p] and params if params else []  # all defaults: sent as none
+        params = params if params and any(params) else []  # all defaults: sent as none
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:

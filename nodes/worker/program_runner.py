@@ -154,7 +154,8 @@ class ProgramRunner:
             return [(job_id, _record(sid, out.value), self.tokens.pop(key, 0))]
         if isinstance(out, Generate):
             try:
-                ids = self._prompt_ids(out) if out.messages is not None else out.prompt_token_ids
+                # A text prompt the engine tokenizes itself; a chat is rendered here.
+                ids = out.prompt_token_ids if out.messages is None else self.engine.tokenizer.encode_chat(out.messages)
                 self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=ids,
                                         params=out.params, op_index=self.coros[key].op_index, sampling_id=sid,
                                         under_way=self.tokens.get(key, 0) > 0)

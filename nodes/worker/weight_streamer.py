@@ -82,9 +82,6 @@ class WeightStreamer:
                      slot / 1e6, 100 * self.resident_bytes / self.weight_bytes, self.weight_bytes / 1e6)
             self._prefetch(self.streamed[0])
 
-    def streamed_layer(self, i: int) -> bool:
-        return i in self.position
-
     def _copy_dense(self, i: int) -> int:
         """Copies a layer's weights but its experts; returns the bytes copied."""
         slot, copied = self.slots[self.position[i] % 2], 0
