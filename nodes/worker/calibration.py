@@ -37,7 +37,9 @@ def device_name() -> str:
 
 
 def cache_path(engine, root: Path | None = None) -> Path:
-    key = f"{engine.fingerprint.replace(':', '_')}-{engine.config.dtype}-{device_name()}-v{CALIBRATION_VERSION}"
+    # Streamed weights make every step pay their copy: another device, as far as step costs go.
+    streamed = f"-resident{engine.streamer.resident_bytes}" if getattr(engine, "streamer", None) else ""
+    key = f"{engine.fingerprint.replace(':', '_')}-{engine.config.dtype}-{device_name()}{streamed}-v{CALIBRATION_VERSION}"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
     return (root or state_dir()) / "calibration" / f"{safe}.json"
 

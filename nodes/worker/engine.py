@@ -105,6 +105,7 @@ class EngineStats:
 
 
 DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration says
+MAX_FETCH_STEP = 8192  # the most tokens (or sequences) per step weight streaming asks for
 
 
 class LLMEngine:
@@ -185,15 +186,19 @@ class LLMEngine:
             from shoal.nodes.worker.policy import build_planner
 
             self.planner = build_planner(self, config.policy, cost_model)
-        if auto_budget and planner is None:
-            self._budget_from_calibration(cost_model)
+        self.fetch_sizing: str | None = None  # how weight streaming sized the steps, if it did
+        if planner is None:
+            cm = self._calibration(cost_model)
+            resized = auto_budget and self._budget_from_calibration(cm)
+            if self.streamer is not None:
+                resized = self._size_for_fetches(cm) or resized
+            if resized:
+                self._rebuild_planner()
         log.info("[engine] step budget %d tokens (%s)", self.config.max_num_batched_tokens, self.budget_reason)
 
-    def _budget_from_calibration(self, cost_model) -> None:
-        """Takes the step budget from the calibration the policy loaded (or, under MB, a
-        cached one: MB never measures at start) and rebuilds the planner with it."""
-        from dataclasses import replace
-
+    def _calibration(self, cost_model):
+        """The calibration the policy loaded, or under MB a cached one (MB never measures
+        at start), or None."""
         cm = cost_model or self.cost_model
         if cm is None:
             from shoal.nodes.worker import calibration
@@ -203,11 +208,49 @@ class LLMEngine:
                 cm = calibration.load_cached(self)
             except CalibrationError:
                 cm = None
+        return cm
+
+    def _budget_from_calibration(self, cm) -> bool:
+        """Takes the step budget from the calibration; whether it changed anything."""
+        from dataclasses import replace
+
         budget = cm.step_budget() if cm is not None else None
         if not budget:
-            return
+            return False
         self.config = replace(self.config, max_num_batched_tokens=budget)
         self.budget_reason = "from the device calibration: 90% of the best prefill throughput probed"
+        return True
+
+    def _size_for_fetches(self, cm) -> bool:
+        """With streamed weights every step pays their copy whatever it carries: steps grow
+        until their compute (the calibration's cost per token and per decoding sequence)
+        takes at least as long as the fetch (`FetchCost.rows_to_cover`), as far as the KV
+        cache allows. Then the copies hide behind compute, or, where they share the
+        compute's memory bandwidth (a CPU), cost at most as much again."""
+        from dataclasses import replace
+
+        fetch = self.streamer.fetch_cost
+        if cm is None or fetch.bandwidth <= 0:
+            self.fetch_sizing = "no device calibration: steps not sized by the weight fetch"
+            log.info("[stream] %s", self.fetch_sizing)
+            return False
+        # Each running sequence holds at least one block; a step's activations bound its tokens.
+        seqs = fetch.rows_to_cover(cm.beta_d, most=min(self.blocks.num_blocks, MAX_FETCH_STEP))
+        tokens = fetch.rows_to_cover(cm.beta_p, most=min(self.blocks.num_blocks * self.config.block_size,
+                                                         MAX_FETCH_STEP))
+        c = self.config
+        self.config = replace(c, max_num_seqs=max(c.max_num_seqs, seqs),
+                              max_num_batched_tokens=max(c.max_num_batched_tokens, tokens))
+        self.fetch_sizing = (f"a step fetches {fetch.bytes_per_step(seqs) / 1e6:.0f} MB at {fetch.bandwidth / 1e9:.1f} "
+                             f"GB/s ({1e3 * fetch.fetch_time(seqs):.0f} ms): decode steps of {seqs} sequences and "
+                             f"prefill steps of {tokens} tokens cover it")
+        if self.config != c:
+            self.budget_reason = "sized by the weight fetch"
+        log.info("[stream] %s; up to %d sequences, %d tokens per step", self.fetch_sizing,
+                 self.config.max_num_seqs, self.config.max_num_batched_tokens)
+        return self.config != c
+
+    def _rebuild_planner(self) -> None:
         if self.config.policy == "mb" or self.cost_model is None:
             self.planner = MixedBatchPlanner(self.planner_config())
         else:
@@ -245,7 +288,7 @@ class LLMEngine:
                 "threads": self.threads,
                 "attention": "native" if self.runner.kernel is not None else "sdpa",
                 "packed_linears": self.packed_linears,
-                "weight_streaming": self.streamer.summary() if self.streamer else None}
+                "weight_streaming": {**self.streamer.summary(), "sizing": self.fetch_sizing} if self.streamer else None}
 
     # -- requests --------------------------------------------------------------------
 

@@ -12,6 +12,12 @@ Each streamed layer's parameters are bound, once, to views of its slot (layers
 alternate between the two), so a fetch is a copy into memory the modules already read:
 nothing is re-bound while the model runs. On a CPU the "device" is the same memory and
 a fetch a memcpy, measured like any other: the code path is the one a GPU takes.
+
+Every copy is timed, so the streamer knows its copy bandwidth, and with it the fetch term
+of the step cost (`scheduler/fetch_cost.py`): the engine sizes its steps by it, and a
+step whose tokens are expected to use most of a MoE layer's experts has all of them
+copied ahead of use with the layer's dense part, hidden behind the previous layer's
+compute instead of waited for after the router chose.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch import nn
+
+from shoal.scheduler.fetch_cost import FetchCost
 
 log = logging.getLogger(__name__)
 
@@ -73,69 +81,113 @@ class WeightStreamer:
         self.resident_bytes = fixed + sum(per_layer[:resident]) + (2 * slot if self.streamed else 0)
         self.weight_bytes = fixed + sum(per_layer)
         self.stats = {"bytes_fetched": 0, "layers_fetched": 0, "experts_fetched": 0, "experts_skipped": 0,
-                      "fetch_wait_s": 0.0}
+                      "experts_prefetched": 0, "fetch_wait_s": 0.0, "expert_copy_s": 0.0}
+        # Written only by the copies ahead of use (the copy thread): their bandwidth.
+        self._copied = {"bytes": 0, "seconds": 0.0}
+        self._shape = self._cost_shape()
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="weight-fetch")
         self._pending: dict[int, Future] = {}
+        self._with_experts: dict[int, bool] = {}  # streamed layer -> its experts are in its slot this step
+        self.rows_hint = 0  # tokens of the last step: the guess for the next one's
         if self.streamed:
             log.info("[stream] %d of %d layers resident, %d streamed through 2 slots of %.1f MB "
                      "(%.0f%% of %.1f MB of weights on the device)", resident, len(layers), len(self.streamed),
                      slot / 1e6, 100 * self.resident_bytes / self.weight_bytes, self.weight_bytes / 1e6)
-            self._prefetch(self.streamed[0])
+            # The first fetch is waited for here: it gives the bandwidth a first measure.
+            first = Future()
+            first.set_result(self._copy(self.streamed[0], False))
+            self._pending[self.streamed[0]] = first
 
-    def _copy_dense(self, i: int) -> int:
-        """Copies a layer's weights but its experts; returns the bytes copied."""
+    def _cost_shape(self) -> dict:
+        """What a step fetches, by kind: the streamed layers' dense bytes, and one expert's."""
+        dense, expert, moe_layers, experts, top_k = 0, 0, 0, 0, 0
+        for i in self.streamed:
+            names = self._expert_names(i)
+            dense += sum(t.numel() * t.element_size() for n, t in self.host[i].items() if n not in names)
+            if names:
+                mlp = self.layers[i].mlp
+                moe_layers, experts, top_k = moe_layers + 1, mlp.num_experts, mlp.top_k
+                expert = sum(self.host[i][n][0].numel() * self.host[i][n][0].element_size() for n in names)
+        return {"dense_bytes": dense, "expert_bytes": expert, "moe_layers": moe_layers, "num_experts": experts,
+                "top_k": top_k}
+
+    @property
+    def fetch_cost(self) -> FetchCost:
+        """The fetch term of the step cost, at the copy bandwidth measured so far."""
+        bw = self._copied["bytes"] / self._copied["seconds"] if self._copied["seconds"] > 0 else 0.0
+        return FetchCost(**self._shape, bandwidth=bw)
+
+    def _copy(self, i: int, with_experts: bool) -> tuple[int, bool]:
+        """Copies a layer's weights (its experts too if asked); returns the bytes copied."""
         slot, copied = self.slots[self.position[i] % 2], 0
-        expert_names = self._expert_names(i)
+        skip = () if with_experts else self._expert_names(i)
+        t = time.perf_counter()
         with torch.no_grad():
             for name, src in self.host[i].items():
-                if name in expert_names:
+                if name in skip:
                     continue
                 slot[name].copy_(src, non_blocking=True)
                 copied += src.numel() * src.element_size()
-        return copied
+        self._copied["seconds"] += time.perf_counter() - t
+        self._copied["bytes"] += copied
+        return copied, with_experts and bool(self._expert_names(i))
 
     def _expert_names(self, i: int) -> set[str]:
         return {f"mlp.{n}" for n in EXPERT_PARAMS} if hasattr(getattr(self.layers[i], "mlp", None), "router") else set()
 
-    def _prefetch(self, i: int) -> None:
+    def _prefetch(self, i: int, rows: int) -> None:
         if i not in self._pending:
-            self._pending[i] = self._copier.submit(self._copy_dense, i)
+            # Experts ahead of use only when the step's tokens are expected to use most of them.
+            ahead = self.routed_experts_only and self.fetch_cost.prefetch_all_experts(rows)
+            self._pending[i] = self._copier.submit(self._copy, i, ahead)
 
-    def before_layer(self, i: int) -> None:
-        """Waits for layer i's weights (if streamed) and starts copying the next one's."""
+    def before_layer(self, i: int, rows: int) -> None:
+        """Waits for layer i's weights (if streamed) and starts copying the next one's.
+        `rows`: the step's tokens, which a MoE layer routes."""
         if i not in self.position:
             return
-        future = self._pending.pop(i, None) or self._copier.submit(self._copy_dense, i)
+        future = self._pending.pop(i, None) or self._copier.submit(self._copy, i, False)
         t = time.perf_counter()
-        self.stats["bytes_fetched"] += future.result()
+        copied, self._with_experts[i] = future.result()
         self.stats["fetch_wait_s"] += time.perf_counter() - t
+        self.stats["bytes_fetched"] += copied
         self.stats["layers_fetched"] += 1
         n = self.position[i]
         if n + 1 < len(self.streamed) and self.overlap:
-            self._prefetch(self.streamed[n + 1])
+            self._prefetch(self.streamed[n + 1], rows)
 
-    def after_step(self) -> None:
-        """The next step starts with the first streamed layer: fetch it now (its slot is free)."""
+    def after_step(self, rows: int) -> None:
+        """The next step starts with the first streamed layer: fetch it now (its slot is
+        free), guessing the next step as large as this one."""
+        self.rows_hint = rows
         if self.streamed and self.overlap:
-            self._prefetch(self.streamed[0])
+            self._prefetch(self.streamed[0], rows)
 
     def fetch_experts(self, i: int, used: list[int]) -> None:
-        """Copies the experts a MoE layer's router chose for this step, and no others."""
-        slot, host = self.slots[self.position[i] % 2], self.host[i]
+        """Copies the experts a MoE layer's router chose for this step, and no others
+        (none if all of them came ahead of use with the layer)."""
+        host = self.host[i]
+        total = host["mlp.gate_up"].shape[0]
+        if self._with_experts.get(i):
+            self.stats["experts_prefetched"] += total
+            return
+        slot = self.slots[self.position[i] % 2]
         if not self.routed_experts_only:
-            used = list(range(host["mlp.gate_up"].shape[0]))
+            used = list(range(total))
+        t = time.perf_counter()
         with torch.no_grad():
             for name in EXPERT_PARAMS:
                 key = f"mlp.{name}"
                 for e in used:
                     slot[key][e].copy_(host[key][e], non_blocking=True)
                     self.stats["bytes_fetched"] += host[key][e].numel() * host[key][e].element_size()
+        self.stats["expert_copy_s"] += time.perf_counter() - t
         self.stats["experts_fetched"] += len(used)
-        self.stats["experts_skipped"] += host["mlp.gate_up"].shape[0] - len(used)
+        self.stats["experts_skipped"] += total - len(used)
 
     def summary(self) -> dict:
         return {"resident_bytes": self.resident_bytes, "weight_bytes": self.weight_bytes,
-                "streamed_layers": len(self.streamed), **self.stats}
+                "streamed_layers": len(self.streamed), **self.stats, "fetch_cost": self.fetch_cost.to_dict()}
 
     def close(self) -> None:
         self._copier.shutdown(wait=True)

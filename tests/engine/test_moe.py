@@ -1,4 +1,4 @@
-"""Qwen3-MoE and Qwen2-MoE: logits and greedy tokens equal transformers' on the same
+"""Qwen3-MoE, Qwen2-MoE and Mixtral: logits and greedy tokens equal transformers' on the same
 folder (fp32), and the expert-batched MLP equals running each sequence's tokens alone."""
 
 from __future__ import annotations
@@ -43,3 +43,29 @@ def test_qwen2_moe_with_its_shared_expert_matches_transformers(tmp_path):
     eng = LLMEngine(folder, EngineConfig(max_num_batched_tokens=96))
     assert eng.model_cfg.shared_expert_intermediate_size == 128 and eng.model_cfg.attention_bias
     check_against_hf(folder, eng, random_prompts(6, 512, MIXED, seed=5), max_tokens=12, greedy_refs=1)
+
+
+def test_mixtral_matches_transformers(tmp_path):
+    """Mixtral's names (block_sparse_moe, experts' w1/w3/w2, num_local_experts) over
+    Llama attention, every layer sparse, top-k always renormalized."""
+    from shoal.nodes.worker.models.make_model import make_model
+
+    folder = make_model(tmp_path / "mixtral", preset="moe-tiny", architecture="MixtralForCausalLM", dtype="float32",
+                        tokenizer_text_chars=40_000)
+    eng = LLMEngine(folder, EngineConfig(max_num_batched_tokens=96))
+    cfg = eng.model_cfg
+    assert cfg.family == "mixtral" and cfg.num_experts == 8 and cfg.moe_intermediate_size == 64
+    assert cfg.norm_topk_prob and not cfg.qk_norm and not cfg.attention_bias
+    check_against_hf(folder, eng, random_prompts(6, 512, MIXED, seed=6), max_tokens=12, greedy_refs=1)
+
+
+def test_a_sliding_window_mixtral_is_refused_by_name():
+    import pytest
+
+    from shoal.nodes.worker.models.config import ModelError, decoder_config_from_dict
+    from shoal.nodes.worker.models.make_model import preset_config
+
+    raw = preset_config("moe-tiny", "MixtralForCausalLM", "float32")
+    raw["sliding_window"] = 256
+    with pytest.raises(ModelError, match="sliding-window attention"):
+        decoder_config_from_dict(raw)

@@ -1,6 +1,7 @@
 """Weight streaming (`--device-memory`): layers that do not fit stay in host memory and
 are copied in ahead of use; the tokens are those of the fully resident model, and a
-mixture-of-experts layer copies only the experts its router chose."""
+mixture-of-experts layer copies only the experts its router chose unless the step's
+tokens are expected to use most of them."""
 
 from __future__ import annotations
 
@@ -36,15 +37,46 @@ def test_streamed_layers_give_the_resident_tokens(six_layer_moe, attention):
         assert cmp, cmp.detail
     st = streamed.stats_snapshot()["weight_streaming"]
     assert st["layers_fetched"] >= len(s.streamed) * 12 and st["bytes_fetched"] > 0
-    # Decode steps of 6 sequences choose at most 12 of each layer's 8 experts; single
-    # sequences' steps far fewer: some experts were never copied.
-    assert st["experts_skipped"] > 0 and st["experts_fetched"] > 0
-    one = streamed.streamer.summary()["bytes_fetched"]
-    streamed.generate(prompts[:1], SamplingParams(max_tokens=8, ignore_eos=True))
-    per_token_one = (streamed.streamer.summary()["bytes_fetched"] - one) / 8
-    assert per_token_one < s.weight_bytes  # never more than the whole model per step
+    # Decode steps of 6 sequences are expected to use 1 - (6/8)^6 = 82% of each layer's 8
+    # experts (top-2): all of them came ahead of use with the layer, none after routing.
+    assert st["experts_prefetched"] > 0 and st["fetch_cost"]["bandwidth"] > 0
+    # One sequence's steps choose 2 of 8: only the chosen ones are copied, after routing,
+    # and the tokens are still the resident model's.
+    one = s.summary()
+    alone = SamplingParams(max_tokens=8, ignore_eos=True, return_margins=True)
+    a, b = streamed.generate(prompts[:1], alone)[0], resident.generate(prompts[:1], alone)[0]
+    cmp = compare_outputs(a.token_ids, b.token_ids, [a.margins, b.margins])
+    assert cmp, cmp.detail
+    after = s.summary()
+    assert after["experts_skipped"] > one["experts_skipped"] and after["experts_fetched"] > one["experts_fetched"]
+    assert (after["bytes_fetched"] - one["bytes_fetched"]) / 8 < s.weight_bytes  # never the whole model per step
 
 
 def test_a_budget_too_small_is_refused_by_name(six_layer_moe):
     with pytest.raises(ValueError, match="cannot hold the embeddings and output projection"):
         LLMEngine(six_layer_moe, EngineConfig(policy="mb", device_memory=1000))
+
+
+def test_steps_grow_until_their_compute_covers_the_fetch(six_layer_moe):
+    """The calibration's cost per decoding sequence and per prompt token against the
+    fetch term: where a step of the configured size computes for less time than its
+    weights take to copy, the engine takes more sequences and tokens per step."""
+    from shoal.scheduler.cost_model import CostModel
+
+    weights = nbytes(LLMEngine(six_layer_moe, EngineConfig(policy="mb", num_blocks=4)).model)
+    config = EngineConfig(policy="mb", device_memory=weights // 2, max_num_seqs=8, max_num_batched_tokens=64)
+    cheap = CostModel(alpha_p=1e-3, beta_p=1e-7, alpha_d=1e-3, beta_d=1e-7, mb_a=0, mb_b=0, mb_c=0)
+    eng = LLMEngine(six_layer_moe, config, cost_model=cheap)
+    fetch = eng.streamer.fetch_cost
+    seqs, tokens = eng.config.max_num_seqs, eng.config.max_num_batched_tokens
+    assert seqs > 8 and tokens > 64 and "cover it" in eng.fetch_sizing
+    capped = seqs == min(eng.blocks.num_blocks, 8192)
+    assert capped or (cheap.beta_d * seqs >= fetch.fetch_time(seqs) > cheap.beta_d * (seqs - 1))
+    assert eng.stats_snapshot()["weight_streaming"]["sizing"] == eng.fetch_sizing
+    # Compute that already covers the copies at the configured size changes nothing.
+    dear = CostModel(alpha_p=1e-3, beta_p=10.0, alpha_d=1e-3, beta_d=10.0, mb_a=0, mb_b=0, mb_c=0)
+    eng = LLMEngine(six_layer_moe, config, cost_model=dear)
+    assert (eng.config.max_num_seqs, eng.config.max_num_batched_tokens) == (8, 64)
+    # Without a calibration the engine says it could not size its steps.
+    eng = LLMEngine(six_layer_moe, config)
+    assert eng.config.max_num_seqs == 8 and "no device calibration" in eng.fetch_sizing

@@ -18,15 +18,18 @@ class ModelError(ValueError):
 
 # Architecture name in config.json -> model family. They share one decoder: RMSNorm,
 # RoPE, grouped-query attention, SwiGLU; Qwen2 adds q/k/v biases, Qwen3 per-head q/k
-# RMSNorm; Qwen3-MoE and Qwen2-MoE replace the MLP of their sparse layers by routed
-# experts (Qwen2-MoE adds a shared expert behind a sigmoid gate).
+# RMSNorm; Qwen3-MoE, Qwen2-MoE and Mixtral replace the MLP of their sparse layers by
+# routed experts (Qwen2-MoE adds a shared expert behind a sigmoid gate; Mixtral is
+# Llama attention with every layer sparse and its top-k weights always renormalized).
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2",
     "LlamaForCausalLM": "llama",
 }
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,21 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
         qk_norm=family in ("qwen3", "qwen3_moe"),
         eos_token_ids=eos_ids,
         torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
-        **(_moe_fields(raw, source, need) if family.endswith("_moe") else {}),
+        **(_moe_fields(raw, source, need, family) if family in MOE_FAMILIES else {}),
     )
 
 
-def _moe_fields(raw: dict, source: str, need) -> dict:
+def _moe_fields(raw: dict, source: str, need, family: str) -> dict:
+    if family == "mixtral":
+        window = raw.get("sliding_window")
+        if window is not None and int(window) < int(raw.get("max_position_embeddings", 2048)):
+            raise ModelError(f"{source}: sliding-window attention ({window} tokens) is not supported")
+        experts, top_k = int(need("num_local_experts")), int(need("num_experts_per_tok"))
+        if not 1 <= top_k <= experts:
+            raise ModelError(f"{source}: num_experts_per_tok {top_k} must be between 1 and num_local_experts {experts}")
+        # Every layer sparse, experts as wide as the intermediate size, top-k renormalized.
+        return {"num_experts": experts, "num_experts_per_tok": top_k,
+                "moe_intermediate_size": int(need("intermediate_size")), "norm_topk_prob": True}
     experts, top_k = int(need("num_experts")), int(need("num_experts_per_tok"))
     if not 1 <= top_k <= experts:
         raise ModelError(f"{source}: num_experts_per_tok {top_k} must be between 1 and num_experts {experts}")

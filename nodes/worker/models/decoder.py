@@ -136,16 +136,16 @@ class DecoderLM(nn.Module):
             residual = x.new_empty(0)
             for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
                 if self.streamer is not None:
-                    self.streamer.before_layer(i)
+                    self.streamer.before_layer(i, x.shape[0])
                 x, residual = layer.forward_native(x, residual, positions, self.rope, cache, meta)
             x = meta.kernel.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
         else:
             cos, sin = self.rope.tables(positions, x.dtype)
             for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
                 if self.streamer is not None:
-                    self.streamer.before_layer(i)
+                    self.streamer.before_layer(i, x.shape[0])
                 x = layer(x, cos, sin, cache, meta)
             x = self.norm(x[logit_rows])
         if self.streamer is not None:
-            self.streamer.after_step()
+            self.streamer.after_step(input_ids.shape[0])
         return self.lm_head(x).float()

@@ -27,6 +27,19 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+def expert_names(cfg: DecoderConfig, prefix: str) -> dict[str, str]:
+    """A sparse layer's router and per-expert tensors as the checkpoint names them
+    (`{}`: the expert's index): Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`, the
+    Qwen MoEs' `mlp.experts.N.gate_proj/up_proj/down_proj`."""
+    if cfg.family == "mixtral":
+        m = prefix + "block_sparse_moe."
+        return {"router": m + "gate.weight", "gate": m + "experts.{}.w1.weight", "up": m + "experts.{}.w3.weight",
+                "down": m + "experts.{}.w2.weight"}
+    m = prefix + "mlp."
+    return {"router": m + "gate.weight", "gate": m + "experts.{}.gate_proj.weight",
+            "up": m + "experts.{}.up_proj.weight", "down": m + "experts.{}.down_proj.weight"}
+
+
 def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
     h, d = cfg.hidden_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
@@ -48,11 +61,12 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_norm.weight"] = (d,)
             shapes[p + "self_attn.k_norm.weight"] = (d,)
         if cfg.is_moe_layer(i):
-            shapes[p + "mlp.gate.weight"] = (cfg.num_experts, h)
+            names = expert_names(cfg, p)
+            shapes[names["router"]] = (cfg.num_experts, h)
             for e in range(cfg.num_experts):
-                shapes[p + f"mlp.experts.{e}.gate_proj.weight"] = (cfg.moe_intermediate_size, h)
-                shapes[p + f"mlp.experts.{e}.up_proj.weight"] = (cfg.moe_intermediate_size, h)
-                shapes[p + f"mlp.experts.{e}.down_proj.weight"] = (h, cfg.moe_intermediate_size)
+                shapes[names["gate"].format(e)] = (cfg.moe_intermediate_size, h)
+                shapes[names["up"].format(e)] = (cfg.moe_intermediate_size, h)
+                shapes[names["down"].format(e)] = (h, cfg.moe_intermediate_size)
             if cfg.shared_expert_intermediate_size:
                 s = cfg.shared_expert_intermediate_size
                 shapes[p + "mlp.shared_expert.gate_proj.weight"] = (s, h)
@@ -129,11 +143,11 @@ def load_decoder(model_dir: str | Path, dtype: str | torch.dtype = "float32") ->
             state[q + "attn.q_norm.weight"] = tensors[p + "self_attn.q_norm.weight"]
             state[q + "attn.k_norm.weight"] = tensors[p + "self_attn.k_norm.weight"]
         if cfg.is_moe_layer(i):  # experts stacked: one tensor each for gate+up and down (`moe.py`)
-            e = [f"{p}mlp.experts.{j}." for j in range(cfg.num_experts)]
-            state[q + "mlp.router.weight"] = tensors[p + "mlp.gate.weight"]
-            state[q + "mlp.gate_up"] = torch.stack([torch.cat([tensors[x + "gate_proj.weight"], tensors[x + "up_proj.weight"]])
-                                                    for x in e])
-            state[q + "mlp.down"] = torch.stack([tensors[x + "down_proj.weight"] for x in e])
+            names, experts = expert_names(cfg, p), range(cfg.num_experts)
+            state[q + "mlp.router.weight"] = tensors[names["router"]]
+            state[q + "mlp.gate_up"] = torch.stack([torch.cat([tensors[names["gate"].format(j)],
+                                                               tensors[names["up"].format(j)]]) for j in experts])
+            state[q + "mlp.down"] = torch.stack([tensors[names["down"].format(j)] for j in experts])
             if cfg.shared_expert_intermediate_size:
                 s = p + "mlp.shared_expert."
                 state[q + "mlp.shared.gate_up.weight"] = torch.cat([tensors[s + "gate_proj.weight"], tensors[s + "up_proj.weight"]])

@@ -55,7 +55,13 @@ def preset_config(preset: str, architecture: str = "Qwen3ForCausalLM", dtype: st
     if architecture == "Qwen2MoeForCausalLM":
         shape.setdefault("shared_expert_intermediate_size", 2 * shape["moe_intermediate_size"])
     model_type = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama",
-                  MOE_ARCHITECTURE: "qwen3_moe", "Qwen2MoeForCausalLM": "qwen2_moe"}[architecture]
+                  MOE_ARCHITECTURE: "qwen3_moe", "Qwen2MoeForCausalLM": "qwen2_moe",
+                  "MixtralForCausalLM": "mixtral"}[architecture]
+    if architecture == "MixtralForCausalLM":  # Mixtral's names for the same shape
+        shape["num_local_experts"] = shape.pop("num_experts")
+        shape["intermediate_size"] = shape.pop("moe_intermediate_size")
+        shape.pop("norm_topk_prob", None)  # always renormalized
+        shape.update(sliding_window=None, router_jitter_noise=0.0)
     cfg = {
         "architectures": [architecture],
         "model_type": model_type,

@@ -30,6 +30,7 @@ PRESETS: dict[str, dict] = {
 # learn the vocabulary, little enough to build in seconds.
 TOKENIZER_TEXT_CHARS = {"tiny": 150_000, "small": 1_500_000, "moe-tiny": 150_000, "moe-small": 1_500_000}
 # The architecture a mixture-of-experts preset is written as (Qwen2-MoE on request:
-# it adds a shared expert of twice the experts' width).
+# it adds a shared expert of twice the experts' width; Mixtral: Llama attention, experts
+# as wide as the preset's moe_intermediate_size).
 MOE_ARCHITECTURE = "Qwen3MoeForCausalLM"
-MOE_ARCHITECTURES = (MOE_ARCHITECTURE, "Qwen2MoeForCausalLM")
+MOE_ARCHITECTURES = (MOE_ARCHITECTURE, "Qwen2MoeForCausalLM", "MixtralForCausalLM")
