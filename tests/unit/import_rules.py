@@ -19,7 +19,7 @@ FOLDERS = {"shoal": "shoal", "protocol": "shoal.protocol", "transport": "shoal.t
 # Modules of the `shoal` package that start, inspect or build for a cluster: they may
 # import any part. The client SDK is `sdk`; every other module there is `common`: the
 # formats and types nodes and clients both read.
-TOOLS = {"shoal.cli", "shoal.embed_cli", "shoal.rag_cli", "shoal.batch_cli", "shoal.local_cluster", "shoal.cluster_up",
+TOOLS = {"shoal.cli", "shoal.generate_cli", "shoal.ops_cli", "shoal.embed_cli", "shoal.rag_cli", "shoal.batch_cli", "shoal.local_cluster", "shoal.cluster_up",
          "shoal.cluster_file", "shoal.node_process", "shoal.etcd_server", "shoal.parent_bound",
          "shoal.index_build", "shoal.embed_plan", "shoal.examples.w3_data", "shoal"}
 SDK = {"shoal.client", "shoal.embeddings"}

@@ -1,0 +1,102 @@
+"""`shoal generate`: a generation job over a JSONL or Parquet file, on the cluster at
+--router or on a local one started for it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import orjson
+
+from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
+from shoal.generate_input import MAX_ITEM_BYTES
+
+DTYPE_HELP = ("compute dtype; auto (default): the checkpoint's where this device computes it natively "
+              "(bf16 on a CPU only with AVX512_BF16 or AMX), else float32")
+
+
+def add_parser(sub) -> None:
+    g = sub.add_parser("generate", help="run a generation job over a JSONL or Parquet file")
+    g.add_argument("--model", required=True)
+    g.add_argument("--input", required=True, help="JSONL or .parquet: id, prompt | prompt_token_ids, [max_tokens]")
+    g.add_argument("--output", required=True, help="JSONL, or Parquet if it ends in .parquet")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help=DTYPE_HELP)
+    g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
+    g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
+    g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
+    g.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="a bad input line: refuse the job (fail), or run the rest and record the line's error "
+                        "in the output (skip)")
+    g.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                   help="give up when the cluster has not answered a request for this many seconds "
+                        "(it waits that long for a node that is down to come back)")
+    g.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
+                   help="largest input line taken, as compact JSON (a cluster's storage has its own limit)")
+    g.set_defaults(fn=cmd_generate)
+
+
+
+def cmd_generate(args) -> int:
+    """A generation job through a cluster: the one at --router, or a local one started
+    for this job and stopped afterwards."""
+    from contextlib import nullcontext
+
+    from shoal.client import Client
+    from shoal.generate_input import InputError, model_context, read_generate_items_skipping
+    from shoal.local_cluster import LocalCluster
+    from shoal.progress import Progress
+    from shoal.sampling import SamplingParams
+
+    from shoal.output_path import check_output_file
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    params.validate()
+    check_output_file(args.output)  # before the job runs: its results are not thrown away at the end
+    context = model_context(args.model)
+    if params.max_tokens >= context:
+        raise InputError(f"--max-tokens {params.max_tokens} does not fit the model's context of {context} tokens")
+    # Every line is checked before anything starts; with --on-error skip a bad one becomes
+    # its own error record in the output instead of refusing the job.
+    items, bad = read_generate_items_skipping(args.input, args.max_item_bytes, max_context=context,
+                                              skip=args.on_error == "skip")
+    for rec in bad:
+        print(f"skipped: {rec['error']}", file=sys.stderr)
+    if not items:
+        raise InputError(f"{args.input}: no item to run" + (f" ({len(bad)} skipped)" if bad else ""))
+    payload = [it.to_record() for it in items]
+    cluster = nullcontext() if args.router else LocalCluster(
+        args.model, workers=args.workers, dtype=args.dtype, storage_args=["--max-item-bytes", str(args.max_item_bytes)])
+    with cluster as local:
+        router = args.router or local.router
+        t0 = time.perf_counter()
+        job = Client(router, timeout=args.timeout).submit(payload, params=params.to_dict(), job_key=args.job_key)
+        print(f"job {job.id}: {len(items)} sequences via {router}", file=sys.stderr)
+        progress = Progress(len(items), "sequences")
+        tokens, failed = 0, len(bad)
+        parquet = str(args.output).endswith(".parquet")
+        jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
+        with open(jsonl_path, "wb") as out:
+            out.write(b"".join(orjson.dumps(rec) + b"\n" for rec in bad))
+            for rec in job.results():
+                rec.pop("margins", None)
+                rec.pop("draws", None)
+                tokens += len(rec.get("token_ids", []))
+                failed += rec.get("finish_reason") == "error"
+                out.write(orjson.dumps(rec) + b"\n")
+                progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+        progress.close()
+        wall = time.perf_counter() - t0  # the job, not the local cluster's shutdown
+    if parquet:
+        from shoal.results_parquet import jsonl_to_parquet
+
+        jsonl_to_parquet(jsonl_path, args.output)
+        os.unlink(jsonl_path)
+    print(f"results: {args.output}  ({len(items) + len(bad)} sequences, {failed} failed, "
+          f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s)")
+    return 0
