@@ -10,21 +10,20 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from shoal.nodes.worker.block_manager import BlockManager
+from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig, EngineStats, RequestOutput
+from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
 from shoal.nodes.worker.sampler import sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.tokenizer import TextTokenizer
-from shoal.protocol.sequence_state import SequenceState, StateError, kv_blob_metadata
+from shoal.protocol.sequence_state import SequenceState, StateError
 from shoal.sampling import RequestError, SamplingParams
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig, SeqView
 
@@ -34,78 +33,6 @@ log = logging.getLogger(__name__)
 def queue_order(seq: Sequence) -> tuple:
     """Where a sequence waits: programs under way first, then by arrival."""
     return (not seq.under_way, seq.arrival)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    # "auto": the checkpoint's dtype where the device computes it natively, else float32
-    # (`dtype_choice.py`); the engine's own config names the dtype it chose.
-    dtype: str = "auto"
-    block_size: int = 16
-    num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
-    # 4 GiB, as vLLM's CPU recipe sets it: 350k tokens of W1's model in bf16, so that
-    # sequences waiting on a retrieval keep their prefix for the next hop (committed as
-    # blocks are written: an idle cache costs no memory).
-    kv_cache_bytes: int = 4 << 30
-    # Tokens per step. None: the device calibration's budget (the largest whose prefill
-    # throughput is within 90% of the best probed; `CostModel.step_budget`), or
-    # DEFAULT_BUDGET where there is no calibration. `budget_reason` says which.
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
-    chunked_prefill: bool = True
-    prefix_caching: bool = True
-    # Host memory for the KV of sequences preempted when blocks run out: restored by a
-    # copy instead of a prefill (on a GPU it would be pinned memory). 0: they recompute.
-    offload_bytes: int = 0
-    num_threads: int | None = None
-    # "native": the compiled native ops (`kernels/`: paged attention for every chunk and
-    # the fused norm / RoPE / activation), falling back to "sdpa" if they cannot be
-    # built; "sdpa": the torch reference forward (gather the slots, then
-    # scaled_dot_product_attention), which tests compare the native one with.
-    attention: str = "native"
-    # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
-    # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
-    packed_linears: bool = True
-    # Bytes of weights the device may hold (0: all of them). Less streams the layers that
-    # do not fit from host memory (`weight_streamer.py`).
-    device_memory: int = 0
-    # Step planning: "mb", "eb" or "ebplus" (switches between them online). EB and EB+
-    # need the device calibration: loaded from the state dir, or measured at start-up.
-    policy: str = "ebplus"
-
-
-@dataclass
-class RequestOutput:
-    seq_id: object
-    token_ids: list[int]
-    text: str
-    finish_reason: str  # "stop" | "length"
-    num_prompt_tokens: int
-    margins: list[float] = field(default_factory=list)
-    draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] of each sampled token
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    prompt_tokens_computed: int = 0
-    prompt_tokens_cached: int = 0
-    generated_tokens: int = 0
-    preemptions: int = 0
-    offloads: int = 0  # preempted sequences whose KV went to host memory
-    restores: int = 0  # ... and came back from it
-    time_plan: float = 0.0
-    time_model: float = 0.0
-    time_sample: float = 0.0
-    rows_stepped: int = 0  # sequences summed over steps: / steps = the mean running batch
-    # time_model split between prompt tokens and decoding rows of each step, in
-    # proportion to their cost under the calibration (1:1 per token without one).
-    time_prefill: float = 0.0
-    time_decode: float = 0.0
-
-
-DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration says
-MAX_FETCH_STEP = 8192  # the most tokens (or sequences) per step weight streaming asks for
 
 
 class LLMEngine:
@@ -188,75 +115,10 @@ class LLMEngine:
             self.planner = build_planner(self, config.policy, cost_model)
         self.fetch_sizing: str | None = None  # how weight streaming sized the steps, if it did
         if planner is None:
-            cm = self._calibration(cost_model)
-            resized = auto_budget and self._budget_from_calibration(cm)
-            if self.streamer is not None:
-                resized = self._size_for_fetches(cm) or resized
-            if resized:
-                self._rebuild_planner()
+            from shoal.nodes.worker.step_sizing import size_steps
+
+            size_steps(self, cost_model, auto_budget)
         log.info("[engine] step budget %d tokens (%s)", self.config.max_num_batched_tokens, self.budget_reason)
-
-    def _calibration(self, cost_model):
-        """The calibration the policy loaded, or under MB a cached one (MB never measures
-        at start), or None."""
-        cm = cost_model or self.cost_model
-        if cm is None:
-            from shoal.nodes.worker import calibration
-            from shoal.scheduler.cost_model import CalibrationError
-
-            try:
-                cm = calibration.load_cached(self)
-            except CalibrationError:
-                cm = None
-        return cm
-
-    def _budget_from_calibration(self, cm) -> bool:
-        """Takes the step budget from the calibration; whether it changed anything."""
-        from dataclasses import replace
-
-        budget = cm.step_budget() if cm is not None else None
-        if not budget:
-            return False
-        self.config = replace(self.config, max_num_batched_tokens=budget)
-        self.budget_reason = "from the device calibration: 90% of the best prefill throughput probed"
-        return True
-
-    def _size_for_fetches(self, cm) -> bool:
-        """With streamed weights every step pays their copy whatever it carries: steps grow
-        until their compute (the calibration's cost per token and per decoding sequence)
-        takes at least as long as the fetch (`FetchCost.rows_to_cover`), as far as the KV
-        cache allows. Then the copies hide behind compute, or, where they share the
-        compute's memory bandwidth (a CPU), cost at most as much again."""
-        from dataclasses import replace
-
-        fetch = self.streamer.fetch_cost
-        if cm is None or fetch.bandwidth <= 0:
-            self.fetch_sizing = "no device calibration: steps not sized by the weight fetch"
-            log.info("[stream] %s", self.fetch_sizing)
-            return False
-        # Each running sequence holds at least one block; a step's activations bound its tokens.
-        seqs = fetch.rows_to_cover(cm.beta_d, most=min(self.blocks.num_blocks, MAX_FETCH_STEP))
-        tokens = fetch.rows_to_cover(cm.beta_p, most=min(self.blocks.num_blocks * self.config.block_size,
-                                                         MAX_FETCH_STEP))
-        c = self.config
-        self.config = replace(c, max_num_seqs=max(c.max_num_seqs, seqs),
-                              max_num_batched_tokens=max(c.max_num_batched_tokens, tokens))
-        self.fetch_sizing = (f"a step fetches {fetch.bytes_per_step(seqs) / 1e6:.0f} MB at {fetch.bandwidth / 1e9:.1f} "
-                             f"GB/s ({1e3 * fetch.fetch_time(seqs):.0f} ms): decode steps of {seqs} sequences and "
-                             f"prefill steps of {tokens} tokens cover it")
-        if self.config != c:
-            self.budget_reason = "sized by the weight fetch"
-        log.info("[stream] %s; up to %d sequences, %d tokens per step", self.fetch_sizing,
-                 self.config.max_num_seqs, self.config.max_num_batched_tokens)
-        return self.config != c
-
-    def _rebuild_planner(self) -> None:
-        if self.config.policy == "mb" or self.cost_model is None:
-            self.planner = MixedBatchPlanner(self.planner_config())
-        else:
-            from shoal.nodes.worker.policy import build_planner
-
-            self.planner = build_planner(self, self.config.policy, self.cost_model)
 
     @property
     def max_total_tokens(self) -> int:
@@ -600,8 +462,7 @@ class LLMEngine:
         kv = None
         if seq.host_kv is not None or (seq.status == SeqStatus.RUNNING and seq.num_computed):
             tensors = seq.host_kv if seq.host_kv is not None else self.cache.read(seq.block_table, seq.num_computed)
-            kv = st_save({f"layer.{i}": t.contiguous() for i, t in enumerate(tensors)},
-                         metadata={"model_fingerprint": self.fingerprint, "num_tokens": str(tensors.shape[2])})
+            kv = encode_kv(tensors, self.fingerprint)
         state = SequenceState(
             seq_id=seq.seq_id, prompt_token_ids=list(seq.prompt_token_ids),
             output_token_ids=list(seq.output_token_ids), params=seq.params.to_dict(),
@@ -626,7 +487,7 @@ class LLMEngine:
                        draws=list(state.draws),
                        max_total_tokens=self.max_total_tokens, sampling_id=state.sampling_id, under_way=True)
         self._check_prompt(sid, seq.prompt_token_ids + seq.output_token_ids)
-        kv = self._decode_kv(state) if state.kv is not None and state.num_computed else None
+        kv = decode_kv(state, self.fingerprint, self.model_cfg) if state.kv is not None and state.num_computed else None
         if kv is not None and state.num_computed >= seq.num_tokens:
             # The last token's KV is recomputed, since that step is the one that samples.
             kv = kv[:, :, : seq.num_tokens - 1]
@@ -655,24 +516,3 @@ class LLMEngine:
             for j in range(seq.num_computed // self.config.block_size):
                 self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
 
-    def _decode_kv(self, state: SequenceState) -> torch.Tensor:
-        sid = state.seq_id
-        meta = kv_blob_metadata(state.kv)
-        if meta.get("model_fingerprint") != self.fingerprint:
-            raise StateError(f"sequence {sid!r}: KV blob is from model {meta.get('model_fingerprint')}, this engine runs {self.fingerprint}")
-        tensors = st_load(state.kv)
-        cfg = self.model_cfg
-        want = (2, state.num_computed, cfg.num_kv_heads, cfg.head_dim)
-        layers = []
-        for i in range(cfg.num_layers):
-            t = tensors.get(f"layer.{i}")
-            if t is None or tuple(t.shape) != want:
-                raise StateError(f"sequence {sid!r}: KV blob layer {i} is {None if t is None else tuple(t.shape)}, expected {want}")
-            layers.append(t)
-        if state.num_computed > state_len(state):
-            raise StateError(f"sequence {sid!r}: KV covers {state.num_computed} tokens, the sequence has {state_len(state)}")
-        return torch.stack(layers)
-
-
-def state_len(state: SequenceState) -> int:
-    return len(state.prompt_token_ids) + len(state.output_token_ids)

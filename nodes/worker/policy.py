@@ -47,3 +47,12 @@ def build_planner(engine, policy: str, cost_model: CostModel | None = None):
         return MixedBatchPlanner(cfg)
     engine.cost_model = cm
     return ExclusiveBatchPlanner(cfg, cm) if policy == "eb" else AdaptivePlanner(cfg, cm, clock=time.time)
+
+
+def rebuild_planner(engine) -> None:
+    """A planner for the engine's current config (its step budget or batch changed),
+    with the calibration it already holds."""
+    if engine.config.policy == "mb" or engine.cost_model is None:
+        engine.planner = MixedBatchPlanner(engine.planner_config())
+    else:
+        engine.planner = build_planner(engine, engine.config.policy, engine.cost_model)

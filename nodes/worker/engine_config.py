@@ -1,0 +1,77 @@
+"""The engine's settings, what a finished sequence returns, and the engine's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # "auto": the checkpoint's dtype where the device computes it natively, else float32
+    # (`dtype_choice.py`); the engine's own config names the dtype it chose.
+    dtype: str = "auto"
+    block_size: int = 16
+    num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
+    # 4 GiB, as vLLM's CPU recipe sets it: 350k tokens of W1's model in bf16, so that
+    # sequences waiting on a retrieval keep their prefix for the next hop (committed as
+    # blocks are written: an idle cache costs no memory).
+    kv_cache_bytes: int = 4 << 30
+    # Tokens per step. None: the device calibration's budget (the largest whose prefill
+    # throughput is within 90% of the best probed; `CostModel.step_budget`), or
+    # DEFAULT_BUDGET where there is no calibration. `budget_reason` says which.
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+    # Host memory for the KV of sequences preempted when blocks run out: restored by a
+    # copy instead of a prefill (on a GPU it would be pinned memory). 0: they recompute.
+    offload_bytes: int = 0
+    num_threads: int | None = None
+    # "native": the compiled native ops (`kernels/`: paged attention for every chunk and
+    # the fused norm / RoPE / activation), falling back to "sdpa" if they cannot be
+    # built; "sdpa": the torch reference forward (gather the slots, then
+    # scaled_dot_product_attention), which tests compare the native one with.
+    attention: str = "native"
+    # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
+    # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
+    packed_linears: bool = True
+    # Bytes of weights the device may hold (0: all of them). Less streams the layers that
+    # do not fit from host memory (`weight_streamer.py`).
+    device_memory: int = 0
+    # Step planning: "mb", "eb" or "ebplus" (switches between them online). EB and EB+
+    # need the device calibration: loaded from the state dir, or measured at start-up.
+    policy: str = "ebplus"
+
+
+@dataclass
+class RequestOutput:
+    seq_id: object
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    num_prompt_tokens: int
+    margins: list[float] = field(default_factory=list)
+    draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] of each sampled token
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    offloads: int = 0  # preempted sequences whose KV went to host memory
+    restores: int = 0  # ... and came back from it
+    time_plan: float = 0.0
+    time_model: float = 0.0
+    time_sample: float = 0.0
+    rows_stepped: int = 0  # sequences summed over steps: / steps = the mean running batch
+    # time_model split between prompt tokens and decoding rows of each step, in
+    # proportion to their cost under the calibration (1:1 per token without one).
+    time_prefill: float = 0.0
+    time_decode: float = 0.0
+
+
+DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration says
+MAX_FETCH_STEP = 8192  # the most tokens (or sequences) per step weight streaming asks for
