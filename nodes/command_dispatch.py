@@ -91,7 +91,7 @@ class CommandDispatch:
         if isinstance(c, cmd.AssignSuperBatches):
             self.to_worker(c.worker, "AssignSuperBatches", {
                 "epoch": epoch, "job_id": c.job_id, "storage": self.node._job_storage(job), "report_to": self.node.advertise,
-                "superbatches": [{"id": sb["seq_id"], "slices": sb["slices"]} for sb in c.superbatches],
+                "superbatches": [{"id": sb["id"], "slices": sb["slices"]} for sb in c.superbatches],
                 "encoder": job.params["encoder"]["fingerprint"],
                 "vector_dtype": job.params.get("vector_dtype", "float32")}, lambda: core.assign_failed(c))
             return []

@@ -20,7 +20,7 @@ from collections import deque
 
 from shoal.scheduler.commands import (AssignSequences, AssignSuperBatches, CountResults, LogJob, MigrateSequences,
                                       ReadInput, ReadSuperBatchPlan)
-from shoal.scheduler.job import Job, assignment
+from shoal.scheduler.job import Job, assignment, unit_id
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
 from shoal.scheduler.superbatch import pack
@@ -102,11 +102,11 @@ class SchedulerCore:
             if partitions is None:
                 raise ValueError(f"job {job_id} needs its partition list to plan SuperBatches")
             packed = pack([(name, size) for name, size in partitions], job.params["b_min"], job.params["n_max"])
-            job.superbatches = {sb.id: {"seq_id": sb.id, "slices": [[s.partition, s.start, s.end] for s in sb.slices],
+            job.superbatches = {sb.id: {"id": sb.id, "slices": [[s.partition, s.start, s.end] for s in sb.slices],
                                         "size": sb.size} for sb in packed}
         done = set(done_ids)
         job.pending = deque(sb for sid, sb in job.superbatches.items() if sid not in done and sid not in job.placed)
-        job.pending_ids = {sb["seq_id"] for sb in job.pending}
+        job.pending_ids = {sb["id"] for sb in job.pending}
         job.planned = True
         return self._advance(job)
 
@@ -183,8 +183,8 @@ class SchedulerCore:
         units = command.assignments if isinstance(command, AssignSequences) else command.superbatches
         back = 0
         for a in units:
-            if job.placed.get(a["seq_id"]) == command.worker:
-                del job.placed[a["seq_id"]]
+            if job.placed.get(unit_id(a)) == command.worker:
+                del job.placed[unit_id(a)]
                 if job.running:
                     job.add_pending(a)
                 back += 1
@@ -318,8 +318,8 @@ class SchedulerCore:
                 continue
             batch = tuple(job.pending.popleft() for _ in range(min(room, len(job.pending))))
             for sb in batch:
-                job.placed[sb["seq_id"]] = wid
-                job.pending_ids.discard(sb["seq_id"])
+                job.placed[sb["id"]] = wid
+                job.pending_ids.discard(sb["id"])
             out.append(AssignSuperBatches(wid, job.job_id, batch))
         return out
 

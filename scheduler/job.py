@@ -28,15 +28,17 @@ class Job:
     cursor: int = 0  # next input position to read (pending items only)
     reading: bool = False  # a ReadInput from the cursor is out; its page not yet in
     planned: bool = False  # an embedding job: its SuperBatch plan and done ids are read
-    pending: deque = field(default_factory=deque)  # assignments read but on no worker
+    # Units of work read but on no worker: a generation job's sequence assignments, an
+    # embedding job's SuperBatches (`unit_id` names either).
+    pending: deque = field(default_factory=deque)
     pending_ids: set = field(default_factory=set)
-    placed: PlacedTable = field(default_factory=PlacedTable)  # seq_id -> worker id, counted per worker
+    placed: PlacedTable = field(default_factory=PlacedTable)  # unit id -> worker id, counted per worker
     done: int = 0  # results stored (storage's count at takeover + reports since)
     tokens: int = 0
     started: float = 0.0
     finished_at: float | None = None
     detail: dict = field(default_factory=dict)  # what ingest found (an embedding job's bad rows, ...)
-    superbatches: dict | None = None  # an embedding job's: id -> {seq_id, slices, size}, once planned
+    superbatches: dict | None = None  # an embedding job's: id -> {id, slices, size}, once planned
 
     @property
     def embedding(self) -> bool:
@@ -67,17 +69,17 @@ class Job:
         return {"job_id": self.job_id, "state": self.state, "total": self.total, "done": self.done,
                 "tokens_per_s": self.tokens / max(elapsed, 1e-9), "detail": self.detail}
 
-    def add_pending(self, assignment: dict) -> None:
-        sid = assignment["seq_id"]
+    def add_pending(self, unit: dict) -> None:
+        sid = unit_id(unit)
         if sid not in self.placed and sid not in self.pending_ids:
-            self.pending.append(assignment)
+            self.pending.append(unit)
             self.pending_ids.add(sid)
 
     def drop_pending(self, sid) -> bool:
         if sid not in self.pending_ids:
             return False
         self.pending_ids.discard(sid)
-        self.pending = deque(a for a in self.pending if a["seq_id"] != sid)
+        self.pending = deque(u for u in self.pending if unit_id(u) != sid)
         return True
 
     def rescan(self) -> None:
@@ -87,6 +89,12 @@ class Job:
         self.cursor = 0
         self.reading = False
         self.planned = False
+
+
+def unit_id(unit: dict):
+    """A unit of work's id: a sequence assignment carries it as `seq_id` (its name on
+    the wire), a SuperBatch as `id` (likewise)."""
+    return unit["seq_id"] if "seq_id" in unit else unit["id"]
 
 
 def assignment(item: dict, state: dict | None = None) -> dict:

@@ -15,7 +15,7 @@ KV stays cached on the worker that computed it.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shoal.scheduler.cost_model import CostModel
 from shoal.scheduler.kv_transfer import decide_kv
