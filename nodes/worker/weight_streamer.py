@@ -22,6 +22,7 @@ compute instead of waited for after the router chose.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,18 @@ from shoal.scheduler.fetch_cost import FetchCost
 log = logging.getLogger(__name__)
 
 EXPERT_PARAMS = ("gate_up", "down")  # a MoE block's stacked expert tensors (`models/moe.py`)
+
+
+def copy_weights(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Host memory into the device. On a GPU, an asynchronous copy. On a CPU, one plain
+    memcpy: a `copy_` from the copy thread would be a parallel torch op, and a second
+    thread entering parallel ops gets an OpenMP team of its own, which on a machine with
+    no spare core makes every op of the compute thread wait on futex wakes (see
+    `compute_thread.py`)."""
+    if dst.is_cuda or src.is_cuda or not (dst.is_contiguous() and src.is_contiguous()):
+        dst.copy_(src, non_blocking=True)
+        return
+    ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
 
 
 def nbytes(module: nn.Module) -> int:
@@ -126,7 +139,7 @@ class WeightStreamer:
             for name, src in self.host[i].items():
                 if name in skip:
                     continue
-                slot[name].copy_(src, non_blocking=True)
+                copy_weights(slot[name], src)
                 copied += src.numel() * src.element_size()
         self._copied["seconds"] += time.perf_counter() - t
         self._copied["bytes"] += copied
@@ -179,7 +192,7 @@ class WeightStreamer:
             for name in EXPERT_PARAMS:
                 key = f"mlp.{name}"
                 for e in used:
-                    slot[key][e].copy_(host[key][e], non_blocking=True)
+                    copy_weights(slot[key][e], host[key][e])
                     self.stats["bytes_fetched"] += host[key][e].numel() * host[key][e].element_size()
         self.stats["expert_copy_s"] += time.perf_counter() - t
         self.stats["experts_fetched"] += len(used)
