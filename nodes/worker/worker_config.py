@@ -43,7 +43,8 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                          "not a prefill); 0: they recompute")
     ap.add_argument("--device-memory", type=int, default=0,
                     help="bytes of decoder weights the device may hold (0: all); layers beyond it stream from host "
-                         "memory, and a MoE layer copies only the experts its router chose")
+                         "memory (a MoE layer's experts only when some token routes to them), and with a device "
+                         "calibration the steps grow until their compute covers the copies")
     ap.add_argument("--link-bytes-per-s", type=float, default=1.25e9,
                     help="bandwidth to other workers, for the rule that ships a moving sequence's KV or drops it")
     ap.add_argument("--checkpoint-tokens", type=int, default=256,
