@@ -175,8 +175,9 @@ def read_records(path: str | Path, keep_going: bool = False) -> Iterator[tuple[s
     if not path.is_file():
         raise InputError(f"input file {path} does not exist")
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+        from shoal.extras import need
 
+        pq = need("pyarrow.parquet", "node", "reading Parquet")
         try:
             pf = pq.ParquetFile(path)
         except Exception as e:  # pyarrow raises several kinds for a file that is not Parquet

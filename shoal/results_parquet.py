@@ -40,11 +40,10 @@ def _schema(path: Path):
 
 
 def jsonl_to_parquet(src: str | Path, out: str | Path) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise RuntimeError("Parquet needs pyarrow: pip install pyarrow") from None
+    from shoal.extras import need
+
+    pa = need("pyarrow", "node", "writing Parquet")
+    pq = need("pyarrow.parquet", "node", "writing Parquet")
     src, out = Path(src), Path(out)
     schema, ids_int = _schema(src)
     tmp = out.with_name(out.name + ".tmp")

@@ -36,3 +36,14 @@ def test_a_local_cluster_without_the_node_extra_says_what_to_install(tiny_model,
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stderr
     assert 'pip install "shoal[node]"' in run.stderr and "etcd3" in run.stderr
+
+
+def test_parquet_input_without_pyarrow_says_what_to_install(tiny_model, tmp_path):
+    (tmp_path / "in.parquet").write_bytes(b"PAR1")  # never read: the import fails first
+    code = BLOCK.format(blocked="pyarrow") + (
+        "from shoal.cli import main\n"
+        f"raise SystemExit(main(['generate', '--model', {str(tiny_model)!r}, '--input', {str(tmp_path / 'in.parquet')!r},"
+        f" '--output', {str(tmp_path / 'out.jsonl')!r}]))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert 'reading Parquet needs pyarrow' in run.stderr and 'pip install "shoal[node]"' in run.stderr
