@@ -141,6 +141,9 @@ class WeightStreamer:
                     continue
                 copy_weights(slot[name], src)
                 copied += src.numel() * src.element_size()
+            last = slot[next(iter(slot))]
+            if last.is_cuda:  # asynchronous copies: timed once they are done
+                torch.cuda.current_stream(last.device).synchronize()
         self._copied["seconds"] += time.perf_counter() - t
         self._copied["bytes"] += copied
         return copied, with_experts and bool(self._expert_names(i))
