@@ -60,8 +60,9 @@ class FetchCost:
         if seconds_per_row <= 0:
             return most
         lo, hi = 1, max(1, most)
-        # compute - fetch grows with rows (the fetch saturates once every expert is used):
-        # the first row count where it turns non-negative, by bisection.
+        # compute - fetch is convex in rows and not positive at 0 (the fetch's growth
+        # slows as experts saturate; compute grows linearly): once non-negative it stays
+        # so, and the first row count where it is comes by bisection.
         if seconds_per_row * hi < self.fetch_time(hi):
             return hi
         while lo < hi:

@@ -22,7 +22,7 @@ def cmd_calibrate(args) -> int:
     from shoal.nodes.worker import calibration
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="mb"))
+    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="mb", device_memory=args.device_memory))
     cm = calibration.calibrate(engine, progress=lambda m: print(m, flush=True))
     path = calibration.save(engine, cm)
     print(f"calibration: {path}")
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--model", required=True)
     c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help=DTYPE_HELP)
+    c.add_argument("--device-memory", type=int, default=0,
+                   help="as the worker's: a worker that streams its weights has a calibration of its own")
     c.set_defaults(fn=cmd_calibrate)
 
     args = ap.parse_args(argv)

@@ -74,4 +74,3 @@ class EngineStats:
 
 
 DEFAULT_BUDGET = 512  # tokens per step when neither the user nor a calibration says
-MAX_FETCH_STEP = 8192  # the most tokens (or sequences) per step weight streaming asks for

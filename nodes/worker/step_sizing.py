@@ -22,7 +22,7 @@ def size_steps(engine, cost_model, auto_budget: bool) -> None:
     cm = calibration_of(engine, cost_model)
     resized = auto_budget and budget_from_calibration(engine, cm)
     if engine.streamer is not None:
-        resized = size_for_fetches(engine, cm) or resized
+        resized = size_for_fetches(engine, cm, auto_budget) or resized
     if resized:
         rebuild_planner(engine)
 
@@ -52,23 +52,27 @@ def budget_from_calibration(engine, cm) -> bool:
     return True
 
 
-def size_for_fetches(engine, cm) -> bool:
+def size_for_fetches(engine, cm, auto_budget: bool = True) -> bool:
     """With streamed weights every step pays their copy whatever it carries: steps grow
     until their compute (the calibration's cost per token and per decoding sequence)
     takes at least as long as the fetch (`FetchCost.rows_to_cover`), as far as the KV
     cache allows. Then the copies hide behind compute, or, where they share the
     compute's memory bandwidth (a CPU), cost at most as much again."""
     fetch = engine.streamer.fetch_cost
-    if cm is None or fetch.bandwidth <= 0:
-        engine.fetch_sizing = "no device calibration: steps not sized by the weight fetch"
+    why = ("no device calibration" if cm is None else
+           "the calibration's costs per token are not positive" if min(cm.beta_d, cm.beta_p) <= 0 else
+           "no copy bandwidth measured" if fetch.bandwidth <= 0 else None)
+    if why:
+        engine.fetch_sizing = f"{why}: steps not sized by the weight fetch"
         log.info("[stream] %s", engine.fetch_sizing)
         return False
     c, blocks = engine.config, engine.blocks.num_blocks
     # Each running sequence holds at least one block; a step's activations bound its tokens.
     seqs = fetch.rows_to_cover(cm.beta_d, most=min(blocks, MAX_FETCH_STEP))
     tokens = fetch.rows_to_cover(cm.beta_p, most=min(blocks * c.block_size, MAX_FETCH_STEP))
-    engine.config = replace(c, max_num_seqs=max(c.max_num_seqs, seqs),
-                            max_num_batched_tokens=max(c.max_num_batched_tokens, tokens))
+    # A budget the user set stays; else it takes at least a decode step of `seqs`.
+    budget = c.max_num_batched_tokens if not auto_budget else max(c.max_num_batched_tokens, tokens, seqs)
+    engine.config = replace(c, max_num_seqs=max(c.max_num_seqs, seqs), max_num_batched_tokens=budget)
     engine.fetch_sizing = (f"a step fetches {fetch.bytes_per_step(seqs) / 1e6:.0f} MB at {fetch.bandwidth / 1e9:.1f} "
                            f"GB/s ({1e3 * fetch.fetch_time(seqs):.0f} ms): decode steps of {seqs} sequences and "
                            f"prefill steps of {tokens} tokens cover it")

@@ -3,8 +3,10 @@
 The embeddings, the final norm, the output projection and as many decoder layers as fit
 stay resident; the other layers' weights live in host memory (pinned on a GPU) and are
 copied into one of two device slots just ahead of use: while layer i computes, the next
-streamed layer's weights are copied into the other slot on a copy thread (a copy stream
-on a GPU). A mixture-of-experts layer's experts are copied only once the router has
+streamed layer's weights are copied into the other slot on a copy thread (on a GPU the
+copies are issued asynchronously on the current stream; a copy stream of their own, so
+that they overlap kernels, is not built: no GPU has run this). A mixture-of-experts
+layer's experts are copied only once the router has
 chosen them, and only those some token of the step chose: experts nobody routes to cost
 no bytes.
 
@@ -46,6 +48,8 @@ def copy_weights(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.is_cuda or src.is_cuda or not (dst.is_contiguous() and src.is_contiguous()):
         dst.copy_(src, non_blocking=True)
         return
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"weight copy of {tuple(src.shape)} {src.dtype} into {tuple(dst.shape)} {dst.dtype}")
     ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
 
 
@@ -85,7 +89,8 @@ class WeightStreamer:
             for name, p in layers[i].named_parameters():
                 host[name] = p.detach().clone().pin_memory() if torch.cuda.is_available() else p.detach().clone()
                 if name not in slot_params:
-                    slot_params[name] = torch.empty_like(p.detach())
+                    # Zeroed, so its pages exist before the first copy is timed.
+                    slot_params[name] = torch.zeros_like(p.detach())
                 p.data = slot_params[name]  # the layer reads its slot from now on
             self.host[i] = host
             mlp = getattr(layers[i], "mlp", None)
@@ -95,13 +100,12 @@ class WeightStreamer:
         self.weight_bytes = fixed + sum(per_layer)
         self.stats = {"bytes_fetched": 0, "layers_fetched": 0, "experts_fetched": 0, "experts_skipped": 0,
                       "experts_prefetched": 0, "fetch_wait_s": 0.0, "expert_copy_s": 0.0}
-        # Written only by the copies ahead of use (the copy thread): their bandwidth.
+        # Written by the copies ahead of use (the copy thread, and the first one here): their bandwidth.
         self._copied = {"bytes": 0, "seconds": 0.0}
         self._shape = self._cost_shape()
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="weight-fetch")
         self._pending: dict[int, Future] = {}
         self._with_experts: dict[int, bool] = {}  # streamed layer -> its experts are in its slot this step
-        self.rows_hint = 0  # tokens of the last step: the guess for the next one's
         if self.streamed:
             log.info("[stream] %d of %d layers resident, %d streamed through 2 slots of %.1f MB "
                      "(%.0f%% of %.1f MB of weights on the device)", resident, len(layers), len(self.streamed),
@@ -162,6 +166,8 @@ class WeightStreamer:
         `rows`: the step's tokens, which a MoE layer routes."""
         if i not in self.position:
             return
+        if i == self.streamed[0]:
+            self._forget_stale_copies()
         future = self._pending.pop(i, None) or self._copier.submit(self._copy, i, False)
         t = time.perf_counter()
         copied, self._with_experts[i] = future.result()
@@ -172,10 +178,18 @@ class WeightStreamer:
         if n + 1 < len(self.streamed) and self.overlap:
             self._prefetch(self.streamed[n + 1], rows)
 
+    def _forget_stale_copies(self) -> None:
+        """At a step's first streamed layer no other layer's copy is pending, unless the
+        step before failed part way: such a copy was overwritten in its slot since (the
+        copies run in order on one thread, and this step's copy of its first layer comes
+        after them), so it is waited for and dropped, and fetched again when due."""
+        first = self.streamed[0]
+        for i in [k for k in self._pending if k != first]:
+            self._pending.pop(i).result()
+
     def after_step(self, rows: int) -> None:
         """The next step starts with the first streamed layer: fetch it now (its slot is
         free), guessing the next step as large as this one."""
-        self.rows_hint = rows
         if self.streamed and self.overlap:
             self._prefetch(self.streamed[0], rows)
 

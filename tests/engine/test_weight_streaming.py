@@ -5,6 +5,8 @@ tokens are expected to use most of them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
@@ -60,23 +62,65 @@ def test_a_budget_too_small_is_refused_by_name(six_layer_moe):
 def test_steps_grow_until_their_compute_covers_the_fetch(six_layer_moe):
     """The calibration's cost per decoding sequence and per prompt token against the
     fetch term: where a step of the configured size computes for less time than its
-    weights take to copy, the engine takes more sequences and tokens per step."""
+    weights take to copy, the engine takes more sequences and tokens per step (a
+    budget the user set stays)."""
+    from shoal.nodes.worker.engine_config import DEFAULT_BUDGET
     from shoal.scheduler.cost_model import CostModel
 
     weights = nbytes(LLMEngine(six_layer_moe, EngineConfig(policy="mb", num_blocks=4)).model)
-    config = EngineConfig(policy="mb", device_memory=weights // 2, max_num_seqs=8, max_num_batched_tokens=64)
+    config = EngineConfig(policy="mb", device_memory=weights // 2, max_num_seqs=8)
     cheap = CostModel(alpha_p=1e-3, beta_p=1e-7, alpha_d=1e-3, beta_d=1e-7, mb_a=0, mb_b=0, mb_c=0)
     eng = LLMEngine(six_layer_moe, config, cost_model=cheap)
     fetch = eng.streamer.fetch_cost
     seqs, tokens = eng.config.max_num_seqs, eng.config.max_num_batched_tokens
-    assert seqs > 8 and tokens > 64 and "cover it" in eng.fetch_sizing
+    assert seqs > 8 and tokens > DEFAULT_BUDGET and tokens >= seqs and "cover it" in eng.fetch_sizing
     capped = seqs == min(eng.blocks.num_blocks, 8192)
     assert capped or (cheap.beta_d * seqs >= fetch.fetch_time(seqs) > cheap.beta_d * (seqs - 1))
     assert eng.stats_snapshot()["weight_streaming"]["sizing"] == eng.fetch_sizing
+    eng = LLMEngine(six_layer_moe, replace(config, max_num_batched_tokens=64), cost_model=cheap)
+    assert eng.config.max_num_seqs > 8 and eng.config.max_num_batched_tokens == 64
     # Compute that already covers the copies at the configured size changes nothing.
     dear = CostModel(alpha_p=1e-3, beta_p=10.0, alpha_d=1e-3, beta_d=10.0, mb_a=0, mb_b=0, mb_c=0)
     eng = LLMEngine(six_layer_moe, config, cost_model=dear)
-    assert (eng.config.max_num_seqs, eng.config.max_num_batched_tokens) == (8, 64)
-    # Without a calibration the engine says it could not size its steps.
+    assert (eng.config.max_num_seqs, eng.config.max_num_batched_tokens) == (8, DEFAULT_BUDGET)
+    # A calibration whose costs are not positive, or none, sizes nothing, and says why.
+    broken = CostModel(alpha_p=1e-3, beta_p=0.0, alpha_d=1e-3, beta_d=0.0, mb_a=0, mb_b=0, mb_c=0)
+    eng = LLMEngine(six_layer_moe, config, cost_model=broken)
+    assert eng.config.max_num_seqs == 8 and "not positive" in eng.fetch_sizing
     eng = LLMEngine(six_layer_moe, config)
     assert eng.config.max_num_seqs == 8 and "no device calibration" in eng.fetch_sizing
+
+
+def test_a_failed_step_leaves_no_stale_copy(six_layer_moe):
+    """A step that fails part way leaves the next layer's copy pending, and that slot is
+    overwritten by the next step's first layer: the streamer drops the stale copy and
+    fetches the layer again, so the next steps still give the resident model's tokens."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True, return_margins=True)
+    prompts = random_prompts(3, 512, [5, 9], seed=3)
+    resident = LLMEngine(six_layer_moe, EngineConfig(policy="mb"))
+    weights = nbytes(resident.model)
+    streamed = LLMEngine(six_layer_moe, EngineConfig(policy="mb", device_memory=weights // 2))
+    s = streamed.streamer
+    assert len(s.streamed) >= 3
+    layer = streamed.model.layers[s.streamed[1]]
+    real = layer.forward_native
+
+    def fail_once(*args, **kwargs):
+        layer.forward_native = real
+        raise RuntimeError("injected")
+
+    layer.forward_native = fail_once
+    for i, p in enumerate(prompts):
+        streamed.add_request(i, prompt_token_ids=p, params=params)
+    with pytest.raises(RuntimeError, match="injected"):
+        streamed.step()
+    assert any(k != s.streamed[0] for k in s._pending)  # the failed step's copy of a later layer
+    streamed.abort(0), streamed.abort(1), streamed.abort(2)
+    for a, b in zip(streamed.generate(prompts, params), resident.generate(prompts, params)):
+        cmp = compare_outputs(a.token_ids, b.token_ids, [a.margins, b.margins])
+        assert cmp, cmp.detail
+
+
+def test_a_budget_too_small_is_refused_by_name(six_layer_moe):
+    with pytest.raises(ValueError, match="cannot hold the embeddings and output projection"):
+        LLMEngine(six_layer_moe, EngineConfig(policy="mb", device_memory=1000))

@@ -17,7 +17,11 @@ FAST_RPC = {"SHOAL_RPC_TIMEOUT_S": "2"}
 
 
 def _stats(address: str, keys) -> dict:
-    return RpcClient(address, curve_keys=keys).request("StatsQuery", timeout=5)["stats"]
+    rpc = RpcClient(address, curve_keys=keys)
+    try:
+        return rpc.request("StatsQuery", timeout=5)["stats"]
+    finally:
+        rpc.close()
 
 
 def _counters(address: str, keys) -> dict:

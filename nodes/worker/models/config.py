@@ -137,7 +137,7 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
         num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5 if family == "mixtral" else 1e-6)),  # transformers' defaults
         rope_theta=float(raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
