@@ -29,7 +29,7 @@ from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 2  # 2: the native engine (fused ops, paged prefill) and the budget probe
+CALIBRATION_VERSION = 3  # 2: the native engine (fused ops, paged prefill) and the budget probe; 3: α_d >= 0
 
 
 def device_name() -> str:
@@ -131,7 +131,10 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
             ys.append(statistics.median(_timed_steps(engine, repeats + 2)))
             for sid in list(engine.seqs):
                 engine.abort(sid)
-        (ad, bd), r2d = fit_polynomial(xs, ys, 1)
+        # A step's overhead is not negative: where noise (or attention growing with the
+        # batch) tilts the free fit below zero, the best line with α_d >= 0 is taken, as
+        # for prefill, instead of a calibration every policy must refuse.
+        (ad, bd), r2d = fit_line_nonnegative(xs, ys)
         say(f"decode: α_d {ad * 1e3:.2f} ms, β_d {bd * 1e6:.1f} µs/sequence, R² {r2d:.3f}")
 
         engine.planner = MixedBatchPlanner(engine.planner_config())  # MB as the engine runs it
