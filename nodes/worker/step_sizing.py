@@ -76,7 +76,7 @@ def size_for_fetches(engine, cm, auto_budget: bool = True) -> bool:
     engine.fetch_sizing = (f"a step fetches {fetch.bytes_per_step(seqs) / 1e6:.0f} MB at {fetch.bandwidth / 1e9:.1f} "
                            f"GB/s ({1e3 * fetch.fetch_time(seqs):.0f} ms): decode steps of {seqs} sequences and "
                            f"prefill steps of {tokens} tokens cover it")
-    if engine.config != c:
+    if budget != c.max_num_batched_tokens:
         engine.budget_reason = "sized by the weight fetch"
     log.info("[stream] %s; up to %d sequences, %d tokens per step", engine.fetch_sizing,
              engine.config.max_num_seqs, engine.config.max_num_batched_tokens)

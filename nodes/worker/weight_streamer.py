@@ -28,6 +28,7 @@ import ctypes
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -80,6 +81,9 @@ class WeightStreamer:
                              f"({fixed} bytes) and two streamed layers ({2 * slot} bytes)")
         self.layers = layers
         self.streamed = list(range(resident, len(layers)))
+        # Per streamed layer, the names of its stacked expert tensors (none for a dense layer).
+        self.experts = {i: {f"mlp.{n}" for n in EXPERT_PARAMS} if hasattr(getattr(layers[i], "mlp", None), "router")
+                        else set() for i in self.streamed}
         self.position = {i: n for n, i in enumerate(self.streamed)}
         self.host: dict[int, dict[str, torch.Tensor]] = {}
         self.slots: list[dict[str, torch.Tensor]] = [{}, {}]
@@ -102,7 +106,8 @@ class WeightStreamer:
                       "experts_prefetched": 0, "fetch_wait_s": 0.0, "expert_copy_s": 0.0}
         # Written by the copies ahead of use (the copy thread, and the first one here): their bandwidth.
         self._copied = {"bytes": 0, "seconds": 0.0}
-        self._shape = self._cost_shape()
+        self._shape = self._cost_shape()  # a FetchCost without its bandwidth (measured as copies run)
+        self._on_gpu = any(t.is_cuda for slot in self.slots for t in slot.values())
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="weight-fetch")
         self._pending: dict[int, Future] = {}
         self._with_experts: dict[int, bool] = {}  # streamed layer -> its experts are in its slot this step
@@ -115,29 +120,29 @@ class WeightStreamer:
             first.set_result(self._copy(self.streamed[0], False))
             self._pending[self.streamed[0]] = first
 
-    def _cost_shape(self) -> dict:
+    def _cost_shape(self) -> FetchCost:
         """What a step fetches, by kind: the streamed layers' dense bytes, and one expert's."""
         dense, expert, moe_layers, experts, top_k = 0, 0, 0, 0, 0
         for i in self.streamed:
-            names = self._expert_names(i)
+            names = self.experts[i]
             dense += sum(t.numel() * t.element_size() for n, t in self.host[i].items() if n not in names)
             if names:
                 mlp = self.layers[i].mlp
                 moe_layers, experts, top_k = moe_layers + 1, mlp.num_experts, mlp.top_k
                 expert = sum(self.host[i][n][0].numel() * self.host[i][n][0].element_size() for n in names)
-        return {"dense_bytes": dense, "expert_bytes": expert, "moe_layers": moe_layers, "num_experts": experts,
-                "top_k": top_k}
+        return FetchCost(dense_bytes=dense, expert_bytes=expert, moe_layers=moe_layers, num_experts=experts,
+                         top_k=top_k)
 
     @property
     def fetch_cost(self) -> FetchCost:
         """The fetch term of the step cost, at the copy bandwidth measured so far."""
         bw = self._copied["bytes"] / self._copied["seconds"] if self._copied["seconds"] > 0 else 0.0
-        return FetchCost(**self._shape, bandwidth=bw)
+        return replace(self._shape, bandwidth=bw)
 
     def _copy(self, i: int, with_experts: bool) -> tuple[int, bool]:
         """Copies a layer's weights (its experts too if asked); returns the bytes copied."""
         slot, copied = self.slots[self.position[i] % 2], 0
-        skip = () if with_experts else self._expert_names(i)
+        skip = () if with_experts else self.experts[i]
         t = time.perf_counter()
         with torch.no_grad():
             for name, src in self.host[i].items():
@@ -145,20 +150,16 @@ class WeightStreamer:
                     continue
                 copy_weights(slot[name], src)
                 copied += src.numel() * src.element_size()
-            last = slot[next(iter(slot))]
-            if last.is_cuda:  # asynchronous copies: timed once they are done
-                torch.cuda.current_stream(last.device).synchronize()
+            if self._on_gpu:  # asynchronous copies: timed once they are done
+                torch.cuda.current_stream().synchronize()
         self._copied["seconds"] += time.perf_counter() - t
         self._copied["bytes"] += copied
-        return copied, with_experts and bool(self._expert_names(i))
-
-    def _expert_names(self, i: int) -> set[str]:
-        return {f"mlp.{n}" for n in EXPERT_PARAMS} if hasattr(getattr(self.layers[i], "mlp", None), "router") else set()
+        return copied, with_experts and bool(self.experts[i])
 
     def _prefetch(self, i: int, rows: int) -> None:
         if i not in self._pending:
             # Experts ahead of use only when the step's tokens are expected to use most of them.
-            ahead = self.routed_experts_only and self.fetch_cost.prefetch_all_experts(rows)
+            ahead = self.routed_experts_only and self._shape.prefetch_all_experts(rows)
             self._pending[i] = self._copier.submit(self._copy, i, ahead)
 
     def before_layer(self, i: int, rows: int) -> None:

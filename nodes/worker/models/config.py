@@ -150,24 +150,23 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
 
 
 def _moe_fields(raw: dict, source: str, need, family: str) -> dict:
-    if family == "mixtral":
+    # Mixtral names the same fields its own way, and has every layer sparse and its
+    # top-k weights always renormalized.
+    mixtral = family == "mixtral"
+    count_key, width_key = ("num_local_experts", "intermediate_size") if mixtral else ("num_experts", "moe_intermediate_size")
+    if mixtral:
         window = raw.get("sliding_window")
         if window is not None and int(window) < int(raw.get("max_position_embeddings", 2048)):
             raise ModelError(f"{source}: sliding-window attention ({window} tokens) is not supported")
-        experts, top_k = int(need("num_local_experts")), int(need("num_experts_per_tok"))
-        if not 1 <= top_k <= experts:
-            raise ModelError(f"{source}: num_experts_per_tok {top_k} must be between 1 and num_local_experts {experts}")
-        # Every layer sparse, experts as wide as the intermediate size, top-k renormalized.
-        return {"num_experts": experts, "num_experts_per_tok": top_k,
-                "moe_intermediate_size": int(need("intermediate_size")), "norm_topk_prob": True}
-    experts, top_k = int(need("num_experts")), int(need("num_experts_per_tok"))
+    experts, top_k = int(need(count_key)), int(need("num_experts_per_tok"))
     if not 1 <= top_k <= experts:
-        raise ModelError(f"{source}: num_experts_per_tok {top_k} must be between 1 and num_experts {experts}")
+        raise ModelError(f"{source}: num_experts_per_tok {top_k} must be between 1 and {count_key} {experts}")
+    fields = {"num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": int(need(width_key))}
+    if mixtral:
+        return {**fields, "norm_topk_prob": True}
     step = int(raw.get("decoder_sparse_step", 1))
     if step < 1:
         raise ModelError(f"{source}: decoder_sparse_step must be at least 1, got {step}")
-    return {"num_experts": experts, "num_experts_per_tok": top_k,
-            "moe_intermediate_size": int(need("moe_intermediate_size")),
-            "norm_topk_prob": bool(raw.get("norm_topk_prob", False)), "decoder_sparse_step": step,
+    return {**fields, "norm_topk_prob": bool(raw.get("norm_topk_prob", False)), "decoder_sparse_step": step,
             "mlp_only_layers": tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
             "shared_expert_intermediate_size": int(raw.get("shared_expert_intermediate_size") or 0)}
