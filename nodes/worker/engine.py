@@ -388,7 +388,8 @@ class LLMEngine:
             self.on_logits([s.seq_id for s in seqs], logits)
         params = [s.params for s in seqs]
         us = [uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids)) for s in seqs]
-        tokens, margins, draws = sample(logits, params, us)
+        kernel = self.runner.kernel
+        tokens, margins, draws = sample(logits, params, us, kernel.row_top2 if kernel is not None else None)
         finished = []
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             seq.output_token_ids.append(tok)

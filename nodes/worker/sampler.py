@@ -91,13 +91,20 @@ def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_
     return keep, cut
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float]
+def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], row_top2=None
            ) -> tuple[list[int], torch.Tensor | None, dict[int, Draw]]:
     """logits: [B, V] fp32. Returns the chosen ids; when any row asks for margins, the
     top-1 minus top-2 logit of every row; and the `Draw` of every sampled row that asks
-    for margins, by row."""
-    top2 = torch.topk(logits, 2, dim=-1) if any(p.return_margins for p in params) else None
-    chosen = logits.argmax(dim=-1)
+    for margins, by row. `row_top2`: the native op that makes both in one pass (the
+    first index of a tied maximum, as argmax), else torch's argmax and topk."""
+    if row_top2 is not None and logits.is_contiguous():
+        chosen, margins = row_top2(logits)
+        if not any(p.return_margins for p in params):
+            margins = None
+    else:
+        top2 = torch.topk(logits, 2, dim=-1) if any(p.return_margins for p in params) else None
+        chosen = logits.argmax(dim=-1)
+        margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None
     draws: dict[int, Draw] = {}
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
@@ -130,5 +137,4 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
             if params[i].return_margins:
                 c = cut[j]
                 draws[i] = Draw(uniforms[i], a, b, None if c is None or c == float("inf") else c)
-    margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None
     return chosen.tolist(), margins, draws

@@ -245,13 +245,13 @@ template <typename T, int NV>
 static void attention_impl(const float* q, const T* k_cache, const T* v_cache, const int64_t* tables,
                            const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out,
                            int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
-                           float scale, bool prefill) {
+                           float scale) {
   // Tasks: prefill tiles first (the costliest, latest rows first, so the dynamic queue
-  // ends on small tasks), then one per decode row. Without `prefill`, decode rows only.
+  // ends on small tasks), then one per decode row.
   struct Task { int64_t s, i0, h; };
   std::vector<Task> tasks;
   for (int64_t s = 0; s < S; ++s)
-    if (prefill && lens[s] > 1)
+    if (lens[s] > 1)
       for (int64_t i0 = (lens[s] - 1) / TILE_ROWS * TILE_ROWS; i0 >= 0; i0 -= TILE_ROWS)
         for (int64_t h = 0; h < KVH; ++h) tasks.push_back({s, i0, h});
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) {
@@ -286,9 +286,9 @@ template <typename T>
 static void dispatch_head_dim(int64_t D, const float* q, const T* k, const T* v, const int64_t* tables,
                               const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out,
                               int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
-                              float scale, bool prefill = true) {
+                              float scale) {
   switch (D / VS) {
-#define SHOAL_CASE(nv) case nv: return attention_impl<T, nv>(q, k, v, tables, rows, lens, ctx, out, S, H, KVH, max_blocks, block_size, scale, prefill);
+#define SHOAL_CASE(nv) case nv: return attention_impl<T, nv>(q, k, v, tables, rows, lens, ctx, out, S, H, KVH, max_blocks, block_size, scale);
     SHOAL_CASE(1) SHOAL_CASE(2) SHOAL_CASE(3) SHOAL_CASE(4) SHOAL_CASE(5) SHOAL_CASE(6) SHOAL_CASE(8)
     SHOAL_CASE(10) SHOAL_CASE(12) SHOAL_CASE(16) SHOAL_CASE(32)
 #undef SHOAL_CASE
@@ -311,12 +311,16 @@ bool prefill_bf16_supported(int64_t D);
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
+bool decode_bf16_supported(int64_t D);
+void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
+                 const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
+                 int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
 
-// Whether bf16 prefill spans may take the bf16 dot-product path (tests turn it off to
-// check the fp32 loops on a CPU that has it).
-static bool use_bf16_prefill = true;
-void set_bf16_prefill(bool on) { use_bf16_prefill = on; }
-bool bf16_prefill_available(int64_t D) { return prefill_bf16_supported(D); }
+// Whether a bf16 cache may take the bf16 dot-product kernels (prefill_bf16.cpp,
+// decode_bf16.cpp); tests turn it off to check the fp32 loops on a CPU that has them.
+static bool use_bf16_dots = true;
+void set_bf16_dots(bool on) { use_bf16_dots = on; }
+bool bf16_dots_available(int64_t D) { return prefill_bf16_supported(D) && decode_bf16_supported(D); }
 
 void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
                      torch::Tensor rows, torch::Tensor lens, torch::Tensor ctx, int64_t block_size,
@@ -351,17 +355,20 @@ void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
                              tables.data_ptr<int64_t>(), r, n, c, out.data_ptr<float>(), S, H, KVH, max_blocks,
                              block_size, (float)scale);
   } else if (k_cache.dtype() == torch::kBFloat16) {
-    // Prefill spans by bf16 dot products where the CPU has them (prefill_bf16.cpp);
-    // decode rows, and every span elsewhere, by the fp32 loops here.
-    const bool bf16_prefill = use_bf16_prefill && prefill_bf16_supported(D);
-    if (bf16_prefill)
-      prefill_bf16(q.data_ptr<float>(), k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>(),
-                   tables.data_ptr<int64_t>(), r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks, block_size,
-                   (float)scale);
-    dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<float>(), k_cache.data_ptr<c10::BFloat16>(),
-                                     v_cache.data_ptr<c10::BFloat16>(), tables.data_ptr<int64_t>(), r, n, c,
-                                     out.data_ptr<float>(), S, H, KVH, max_blocks, block_size, (float)scale,
-                                     !bf16_prefill);
+    // Prefill spans and decode rows by bf16 dot products where the CPU has them;
+    // elsewhere the fp32 loops here.
+    if (use_bf16_dots && bf16_dots_available(D)) {
+      const auto* kb = k_cache.data_ptr<c10::BFloat16>();
+      const auto* vb = v_cache.data_ptr<c10::BFloat16>();
+      prefill_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks,
+                   block_size, (float)scale);
+      decode_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks,
+                  block_size, (float)scale);
+    } else {
+      dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<float>(), k_cache.data_ptr<c10::BFloat16>(),
+                                       v_cache.data_ptr<c10::BFloat16>(), tb, r, n, c, out.data_ptr<float>(), S, H,
+                                       KVH, max_blocks, block_size, (float)scale);
+    }
   } else {
     TORCH_CHECK(false, "unsupported cache dtype");
   }

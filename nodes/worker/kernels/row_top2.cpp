@@ -1,0 +1,70 @@
+// Greedy picks of a step's logits in one pass per row: the index of each row's largest
+// value (the first, on ties, as torch.argmax) and its margin over the second largest (0
+// when the largest occurs twice, as torch.topk(2) gives it). torch's argmax over a
+// [128, 32000] fp32 step took 2.3 ms on 2 cores here, 3% of a decode step.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
+#include "vec_io.h"
+
+namespace {
+
+using shoal::Vec;
+using shoal::VS;
+
+// Lane by lane, the two largest values seen (a value equal to the largest counts twice).
+// The row's two largest are among the lanes' pairs; its largest's first index is found
+// by a second pass over the row, which is still in cache.
+void top2_row(const float* x, int64_t n, int64_t* id, float* margin) {
+  constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+  Vec a(NEG_INF), b(NEG_INF);
+  int64_t i = 0;
+  for (; i + VS <= n; i += VS) {
+    const Vec v = Vec::loadu(x + i);
+    b = at::vec::maximum(b, at::vec::minimum(a, v));
+    a = at::vec::maximum(a, v);
+  }
+  float la[VS], lb[VS];
+  a.store(la);
+  b.store(lb);
+  float first = NEG_INF, second = NEG_INF;
+  auto take = [&](float v) {
+    if (v > first) {
+      second = first;
+      first = v;
+    } else if (v > second) {
+      second = v;
+    }
+  };
+  for (int j = 0; j < VS; ++j) {
+    take(la[j]);
+    take(lb[j]);
+  }
+  for (int64_t k = i; k < n; ++k) take(x[k]);
+  int64_t at = 0;
+  while (at < n && x[at] != first) ++at;  // first is one of the row's values unless all are NaN
+  *id = at < n ? at : 0;
+  *margin = first - second;
+}
+
+}  // namespace
+
+// logits: [B, V] float32, finite. Returns (ids [B] int64, margins [B] float32).
+std::tuple<torch::Tensor, torch::Tensor> row_top2(torch::Tensor logits) {
+  TORCH_CHECK(logits.dtype() == torch::kFloat32 && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 2,
+              "row_top2: logits must be contiguous float32 [rows, vocab >= 2]");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  auto ids = torch::empty({B}, logits.options().dtype(torch::kInt64));
+  auto margins = torch::empty({B}, logits.options());
+  const float* x = logits.data_ptr<float>();
+  int64_t* id = ids.data_ptr<int64_t>();
+  float* m = margins.data_ptr<float>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) top2_row(x + r * V, V, id + r, m + r);
+  });
+  return {ids, margins};
+}
