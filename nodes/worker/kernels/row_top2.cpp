@@ -21,16 +21,21 @@ using shoal::VS;
 // by a second pass over the row, which is still in cache.
 void top2_row(const float* x, int64_t n, int64_t* id, float* margin) {
   constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-  Vec a(NEG_INF), b(NEG_INF);
+  constexpr int U = 4;  // independent lanes of pairs: a max is a chain of several instructions
+  Vec a[U], b[U];
+  for (int u = 0; u < U; ++u) a[u] = b[u] = Vec(NEG_INF);
   int64_t i = 0;
-  for (; i + VS <= n; i += VS) {
-    const Vec v = Vec::loadu(x + i);
-    b = at::vec::maximum(b, at::vec::minimum(a, v));
-    a = at::vec::maximum(a, v);
+  for (; i + U * VS <= n; i += U * VS)
+    for (int u = 0; u < U; ++u) {
+      const Vec v = Vec::loadu(x + i + u * VS);
+      b[u] = at::vec::maximum(b[u], at::vec::minimum(a[u], v));
+      a[u] = at::vec::maximum(a[u], v);
+    }
+  float la[U * VS], lb[U * VS];
+  for (int u = 0; u < U; ++u) {
+    a[u].store(la + u * VS);
+    b[u].store(lb + u * VS);
   }
-  float la[VS], lb[VS];
-  a.store(la);
-  b.store(lb);
   float first = NEG_INF, second = NEG_INF;
   auto take = [&](float v) {
     if (v > first) {
@@ -40,7 +45,7 @@ void top2_row(const float* x, int64_t n, int64_t* id, float* margin) {
       second = v;
     }
   };
-  for (int j = 0; j < VS; ++j) {
+  for (int j = 0; j < U * VS; ++j) {
     take(la[j]);
     take(lb[j]);
   }
