@@ -199,6 +199,22 @@ def run_shoal_lockstep(data: Path, n: int) -> dict:
 # -- Shoal through a local cluster ---------------------------------------------------------
 
 
+def node_cpu(cluster) -> dict[str, float]:
+    """CPU seconds (user + system) each node process and etcd have used so far: on a
+    machine whose cores the engine's threads fill, every other process's CPU time
+    delays a step, and a parallel region waits for its slowest thread."""
+    import psutil
+
+    out = {}
+    for name, proc in [*((n, v[0]) for n, v in cluster.nodes.items()), ("etcd", cluster.etcd.proc)]:
+        try:
+            t = psutil.Process(proc.pid).cpu_times()
+            out[name] = t.user + t.system
+        except psutil.Error:  # exited meanwhile
+            pass
+    return out
+
+
 def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
     import shoal
     from cluster_stats import worker_stats
@@ -209,9 +225,11 @@ def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
         client = shoal.Client(cluster.router)
         client.load_index(str(data / "index"), "default")
         before = worker_stats(cluster)
+        cpu0 = node_cpu(cluster)
         t0 = time.perf_counter()
         records = client.submit(items, program="w3").wait()
         wall = time.perf_counter() - t0
+        cpu1 = node_cpu(cluster)
         after = worker_stats(cluster)
         client.close()
     failed = [r for r in records if r.get("error")]
@@ -233,6 +251,7 @@ def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
             "steps": steps, "mean_batch": delta("rows_stepped") / max(1, steps), "budget": e1["budget"],
             "dtype": e1["dtype"], "planner": e1["planner"].get("mode"), "policy_fallback": e1.get("policy_fallback"),
             "preemptions": delta("preemptions"),
+            "node_cpu": {name: round(cpu1[name] - cpu0.get(name, 0.0), 1) for name in cpu1},
             "time": {"prefill": delta("time_prefill"), "decode": delta("time_decode"),
                      "sample+plan": delta("time_sample") + delta("time_plan"), "encode": enc,
                      "search (storage node, overlapped)": search, "other": wall - model - enc}}
@@ -342,6 +361,9 @@ def main() -> int:
                  if "planner" in r else ""), flush=True)
         print("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["time"].items())
               + f"; layer FLOP/s {100 * r['ceiling_share']:.0f}% of the matmul ceiling", flush=True)
+        if "node_cpu" in r:
+            print("  CPU seconds during the job: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(
+                r["node_cpu"].items(), key=lambda kv: -kv[1])), flush=True)
     if "shoal-cluster" in results:
         s = results["shoal-cluster"]["wall"]
         for peer in ("vllm-lockstep", "shoal-lockstep"):
