@@ -2,11 +2,12 @@
 engine called in-process, same inputs, same run: the wall time the protocol and the
 nodes add (target: under 5%).
 
-Both sides are measured warm: a fresh process's first run is ~25% slower (allocator
-and kernel caches), which would otherwise be charged to whichever side ran first. The
-cluster stays up; each round runs the engine in-process (the idle cluster beside it
-costs ~2% of this 2-core machine, see the note printed) and then the same work as a
-new job. This machine's speed drifts by 10-15% over minutes, so the median of the
+Both sides are measured warm: after the first round each engine serves W1's prompts
+from its prefix cache (every round sends the same inputs; fresh prompts in a warm
+process take as long as the first run, measured 22.4 s then 23.1 s), so a first run
+would otherwise be charged to whichever side ran first. The cluster stays up; each
+round runs the engine in-process (the idle cluster beside it costs ~2% of this 2-core
+machine, see the note printed) and then the same work as a new job. This machine's speed drifts by 10-15% over minutes, so the median of the
 per-round ratios is the result. The cold first runs are printed too.
 
 The cost of acknowledged delivery and the durable logs (result WAL with group commit,
