@@ -3,12 +3,12 @@
 `paged_attention` reads keys and values straight through block tables, for decode
 tokens and prefill chunks (the CPU counterpart of a GPU paged-attention kernel);
 `rms_norm`, `qkv_rope_cache` and `silu_mul` fuse the elementwise work of a decoder
-layer; `row_top2` makes a step's greedy picks and their margins in one pass. The module is built with ATen's vector types for the widest
-instruction set this CPU has (AVX-512 or AVX2), each under its own build name, so a
-cache shared by machines of both kinds never hands one the other's binary. Building
-takes about a minute the first time on 2 cores; later processes load the cached build.
-If the build fails, the engine falls back to gather + scaled_dot_product_attention and
-says so.
+layer; `row_top2` makes a step's greedy picks and their margins in one pass. The
+module is built with ATen's vector types for the widest instruction set this CPU has
+(AVX-512 or AVX2), each under its own build name, so a cache shared by machines of
+both kinds never hands one the other's binary. Building takes about a minute the
+first time on 2 cores; later processes load the cached build. If the build fails, the
+engine falls back to gather + scaled_dot_product_attention and says so.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "prefill_bf16.cpp", "decode_bf16.cpp", "fused_ops.cpp",
-                                             "row_top2.cpp", "bindings.cpp")]
+_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "prefill_bf16.cpp", "decode_bf16.cpp",
+                                     "fused_ops.cpp", "row_top2.cpp", "bindings.cpp")]
 
 
 def _source_digest() -> str:

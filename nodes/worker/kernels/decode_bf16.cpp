@@ -76,6 +76,7 @@ struct DecodeBf16 {
   std::vector<uint32_t> pairs;                // [H][npad / 2] bf16 (p_t, p_t+1)
   std::vector<uint16_t> zero;
   std::vector<float> l;
+  std::vector<__m512bh> q;                    // [H][NZ] the query, bf16 pairs
 
   SHOAL_BF16 void run(const float* qrow, const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t n,
                       float* orow, int64_t H, int64_t KVH, int64_t bs, float scale) {
@@ -97,7 +98,7 @@ struct DecodeBf16 {
     scores.resize(H * npad);
     pairs.resize(H * npad / 2);
     l.resize(H);
-    std::vector<__m512bh> q(H * NZ);
+    q.resize(H * NZ);
     for (int64_t j = 0; j < H * NZ; ++j)
       q[j] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(qrow + j * 32 + 16), _mm512_loadu_ps(qrow + j * 32));
     // Q K^T: each key's row once, every head; 16 keys' partial sums folded at a time.
@@ -195,11 +196,6 @@ void run_all(const float* q, const uint16_t* kc, const uint16_t* vc, const int64
 
 }  // namespace
 
-bool decode_bf16_supported(int64_t D) {
-  static const bool cpu = __builtin_cpu_supports("avx512bf16");
-  return cpu && (D == 32 || D == 64 || D == 128);
-}
-
 // Every span of one row, as paged_attention() describes spans; q and out are fp32
 // [T, H, D], the cache bf16 [slots, KVH, D].
 void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
@@ -216,7 +212,6 @@ void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat
 
 #else  // narrower builds: never chosen
 
-bool decode_bf16_supported(int64_t) { return false; }
 void decode_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
                  const int64_t*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float) {}
 

@@ -307,11 +307,9 @@ int64_t vector_width() { return VS; }
 // q: [T, H, D] float32; k_cache, v_cache: [slots, KVH, D] (float32 or bfloat16); tables:
 // [S, max_blocks]; rows, lens, ctx: [S] int64; out: [T, H, D] float32, written at the
 // spans' rows only.
-bool prefill_bf16_supported(int64_t D);
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
-bool decode_bf16_supported(int64_t D);
 void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
@@ -320,7 +318,15 @@ void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat
 // decode_bf16.cpp); tests turn it off to check the fp32 loops on a CPU that has them.
 static bool use_bf16_dots = true;
 void set_bf16_dots(bool on) { use_bf16_dots = on; }
-bool bf16_dots_available(int64_t D) { return prefill_bf16_supported(D) && decode_bf16_supported(D); }
+// Both kernels compute head dims 32, 64 and 128, and are compiled into AVX-512 builds only.
+bool bf16_dots_available(int64_t D) {
+#if defined(CPU_CAPABILITY_AVX512)
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+  return cpu && (D == 32 || D == 64 || D == 128);
+#else
+  return false;
+#endif
+}
 
 void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
                      torch::Tensor rows, torch::Tensor lens, torch::Tensor ctx, int64_t block_size,

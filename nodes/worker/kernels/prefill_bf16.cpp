@@ -162,11 +162,6 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
 
 }  // namespace
 
-bool prefill_bf16_supported(int64_t D) {
-  static const bool cpu = __builtin_cpu_supports("avx512bf16");
-  return cpu && (D == 32 || D == 64 || D == 128);
-}
-
 // Every span of more than one row, as paged_attention() describes spans; q and out are
 // fp32 [T, H, D], the cache bf16 [slots, KVH, D].
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
@@ -210,7 +205,6 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
 
 #else  // narrower builds: never chosen
 
-bool prefill_bf16_supported(int64_t) { return false; }
 void prefill_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
                   const int64_t*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                   float) {}
