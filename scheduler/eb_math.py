@@ -12,6 +12,15 @@ import math
 from shoal.scheduler.cost_model import CostModel
 
 THETA_MIN, THETA_MAX = 0.01, 0.80
+# The least decode-step overhead the formulas divide by. A calibration fit of a small
+# model can put α_d at 0 (the non-negative line fit clips it); no real step is free, and
+# a microsecond keeps θ* and ρ finite while sending them to their limits, which the
+# callers clamp (θ* → THETA_MAX, the hazard correction → its cap).
+ALPHA_D_FLOOR = 1e-6
+
+
+def _alpha_d(cm: CostModel) -> float:
+    return max(cm.alpha_d, ALPHA_D_FLOOR)
 
 
 def tau(j: int, p: float, cm: CostModel) -> float:
@@ -35,7 +44,7 @@ def _theta_equation(theta: float) -> float:
 
 def asymptotic_threshold(p: float, cm: CostModel) -> float:
     """θ* solving θ/(1−θ) + ln(1−θ) = p·α_p/α_d (bisection; the left side increases)."""
-    target = p * cm.alpha_p / cm.alpha_d
+    target = p * cm.alpha_p / _alpha_d(cm)
     lo, hi = 0.0, 1.0 - 1e-12
     for _ in range(200):
         mid = (lo + hi) / 2
@@ -56,7 +65,7 @@ def increasing_hazard_correction(theta0: float, p0: float, eta: float, n: int, c
     if eta <= 0:
         return 0.0
     lam = -math.log1p(-theta0)
-    rho = cm.beta_d * n / cm.alpha_d
+    rho = cm.beta_d * n / _alpha_d(cm)
     delta = eta * (1 - theta0) ** 2 / (p0 * p0 * theta0) * (lam * (theta0 / (1 - theta0) - lam / 2) + rho * (lam - theta0))
     return max(-theta0 / 2, min(delta, 5 * theta0))
 

@@ -54,6 +54,24 @@ def test_increasing_hazard_moves_threshold_and_is_capped():
     assert eb_math.increasing_hazard_correction(th0, 1e-3, 0.0, 256, H200_QWEN3_8B) == 0.0
 
 
+def test_zero_decode_overhead_sends_theta_to_its_limit():
+    # A calibration fit on a small model can clip α_d to 0; the planner must still build.
+    from dataclasses import replace
+
+    from shoal.scheduler.exclusive_planner import ExclusiveBatchPlanner
+    from shoal.scheduler.step_planner import PlannerConfig
+
+    free = replace(H200_QWEN3_8B, alpha_d=0.0)
+    p = eb_math.hazard_rate(4e-3)
+    theta = eb_math.asymptotic_threshold(p, free)
+    assert theta > eb_math.asymptotic_threshold(p, H200_QWEN3_8B)
+    assert eb_math.clamp_theta(theta) == eb_math.THETA_MAX
+    d = eb_math.increasing_hazard_correction(0.02, 1e-3, 1e-7, 256, free)
+    assert d == pytest.approx(5 * 0.02)
+    planner = ExclusiveBatchPlanner(PlannerConfig(block_size=16, num_blocks=4096), free)
+    assert eb_math.THETA_MIN <= planner.theta <= eb_math.THETA_MAX and planner.k_hat >= 1
+
+
 def test_memory_safe_batch_by_hand():
     C, th, p0, mu = 200_000, 0.05, 1 / 512, 512
     nu = 1 / (p0 * p0 * mu)
