@@ -9,6 +9,12 @@ summary line per figure and the ratios; `--json PATH` writes them too.
     python scripts/bench_generate.py --dtype bfloat16     # every system in bf16
     python scripts/bench_generate.py --sequences 32       # a scaled-down W1
     python scripts/bench_generate.py --vllm-python /tmp/vv/bin/python   # vLLM from its own venv
+    python scripts/bench_generate.py --isa avx2           # as on a CPU with AVX2 only
+
+`--isa avx2` runs every system as it would run on an AVX2-only CPU, on this one: torch's
+own kernels (ATEN_CPU_CAPABILITY), oneDNN and MKL are capped at AVX2, Shoal loads its
+AVX2 native build, and `auto` resolves without the AVX-512 flags (to float32). vLLM's
+CPU build keeps its own compiled kernels (attention, cache ops), which this cannot cap.
 
 `--dtype auto` resolves as the worker does (`nodes/worker/dtype_choice.py`): the
 checkpoint's bf16 where this CPU has AVX512_BF16 or AMX, else float32, for every system.
@@ -61,13 +67,21 @@ def matmul_gflops(dtype_name: str, threads: int) -> dict:
     return rates
 
 
+# The environment that caps every library at AVX2 (what `--isa avx2` sets for all runs).
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "SHOAL_VECTOR_ISA": "AVX2"}
+
+
 def cpu_summary() -> str:
     """The CPU model and the vector flags every figure depends on."""
     from shoal.nodes.worker.dtype_choice import cpu_flags, cpu_model
 
     wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]
     flags = cpu_flags()
-    return f"{cpu_model()}; {os.cpu_count()} cores; " + " ".join(f for f in wanted if f in flags)
+    summary = f"{cpu_model()}; {os.cpu_count()} cores; " + " ".join(f for f in wanted if f in flags)
+    if os.environ.get("SHOAL_VECTOR_ISA") == "AVX2":
+        summary += " (capped at AVX2: " + ", ".join(f"{k}={v}" for k, v in AVX2_ENV.items()) + ")"
+    return summary
 
 
 def run_shoal(args, work) -> dict:
@@ -191,19 +205,24 @@ def main() -> None:
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"], help="Shoal's step planner")
     ap.add_argument("--peers", default="shoal-cluster,transformers,vllm",
                     help="systems to run beside Shoal in-process (shoal-cluster: the same job through a local cluster)")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: run every system as on an AVX2-only CPU (see the docstring)")
     ap.add_argument("--json")
     ap.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
+    if args.isa == "avx2":  # before torch loads, here and in every child (they inherit it)
+        os.environ.update(AVX2_ENV)
     if not Path(args.model, "config.json").exists():
         from shoal.nodes.worker.models.make_model import make_model
 
         make_model(args.model, preset="small", dtype="bfloat16")
     if args.dtype == "auto":
-        from shoal.nodes.worker.dtype_choice import choose_dtype
+        from shoal.nodes.worker.dtype_choice import choose_dtype, cpu_flags
 
-        choice = choose_dtype("auto", args.model)
+        flags = {f for f in cpu_flags() if not f.startswith(("avx512", "amx"))} if args.isa == "avx2" else None
+        choice = choose_dtype("auto", args.model, flags=flags)
         print(f"dtype auto: {choice.name} ({choice.reason})")
         args.dtype = choice.name
     work = w1(sequences=args.sequences)

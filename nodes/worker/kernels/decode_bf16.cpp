@@ -16,7 +16,6 @@
 // bf16 for P V, and their sum l is taken over the rounded values, as prefill_bf16.cpp
 // does and as torch's bf16 attention rounds them. Compiled for AVX-512 builds only,
 // used where the CPU says so.
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>

@@ -6,7 +6,9 @@
 // Numerics follow the torch/Hugging Face formulation op by op: every intermediate that
 // torch keeps in the model's dtype is rounded to it here too (`rnd`), so a bf16 model
 // gives the same values as the reference path up to summation order, and fp32 is exact.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>  // not torch/extension.h: a tenth of the compile time
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -161,8 +163,8 @@ void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t I) {
   });
 }
 
-void check_model_tensor(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_contiguous() && (t.dtype() == torch::kFloat32 || t.dtype() == torch::kBFloat16),
+void check_model_tensor(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_contiguous() && (t.dtype() == at::kFloat || t.dtype() == at::kBFloat16),
               name, " must be contiguous float32 or bfloat16");
 }
 
@@ -170,7 +172,7 @@ void check_model_tensor(const torch::Tensor& t, const char* name) {
 
 // x: [rows, n]; residual: [rows, n] (updated in place to x + residual) or empty;
 // weight: [n]. Returns the normalized rows in x's dtype.
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps) {
   check_model_tensor(x, "x");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1) && weight.dtype() == x.dtype() &&
               weight.is_contiguous(), "rms_norm: x [rows, n] and weight [n] of one dtype");
@@ -178,8 +180,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor we
   if (has_res)
     TORCH_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype() && residual.is_contiguous(),
                 "rms_norm: residual must be like x");
-  auto out = torch::empty_like(x);
-  if (x.dtype() == torch::kFloat32) {
+  auto out = at::empty_like(x);
+  if (x.dtype() == at::kFloat) {
     rms_norm_impl<float>(x.data_ptr<float>(), has_res ? residual.data_ptr<float>() : nullptr,
                          weight.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), (float)eps);
   } else {
@@ -194,9 +196,9 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor we
 // qk-norm); cos, sin: fp32 tables [positions, D]; positions, slots: [rows] int64. Writes
 // each row's key and value into the cache halves ([slots, KVH, D], qkv's dtype) at its
 // slot; returns the rotated queries as fp32 [rows, H, D] for the attention kernel.
-torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Tensor k_norm, torch::Tensor cos,
-                             torch::Tensor sin, torch::Tensor positions, torch::Tensor slots, torch::Tensor k_cache,
-                             torch::Tensor v_cache, int64_t H, int64_t KVH, double eps) {
+at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos,
+                             at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
+                             at::Tensor v_cache, int64_t H, int64_t KVH, double eps) {
   check_model_tensor(qkv, "qkv");
   TORCH_CHECK(qkv.dim() == 2 && H > 0 && KVH > 0 && qkv.size(1) % (H + 2 * KVH) == 0, "qkv: [rows, (H + 2 KVH) D]");
   const int64_t rows = qkv.size(0), D = qkv.size(1) / (H + 2 * KVH);
@@ -205,9 +207,9 @@ torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Ten
     TORCH_CHECK(q_norm.numel() == D && k_norm.numel() == D && q_norm.dtype() == qkv.dtype() &&
                 k_norm.dtype() == qkv.dtype() && q_norm.is_contiguous() && k_norm.is_contiguous(),
                 "q_norm and k_norm: [head_dim] in qkv's dtype");
-  TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin.sizes() == cos.sizes() && cos.dim() == 2 && cos.size(1) == D &&
+  TORCH_CHECK(cos.dtype() == at::kFloat && sin.sizes() == cos.sizes() && cos.dim() == 2 && cos.size(1) == D &&
               cos.is_contiguous() && sin.is_contiguous(), "cos, sin: fp32 [positions, head_dim]");
-  TORCH_CHECK(positions.dtype() == torch::kInt64 && slots.dtype() == torch::kInt64 && positions.numel() == rows &&
+  TORCH_CHECK(positions.dtype() == at::kLong && slots.dtype() == at::kLong && positions.numel() == rows &&
               slots.numel() == rows && positions.is_contiguous() && slots.is_contiguous(), "positions, slots: [rows] int64");
   TORCH_CHECK(k_cache.dtype() == qkv.dtype() && v_cache.dtype() == qkv.dtype() && k_cache.is_contiguous() &&
               v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(1) == KVH && k_cache.size(2) == D &&
@@ -218,8 +220,8 @@ torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Ten
     TORCH_CHECK(pos[r] >= 0 && pos[r] < cos.size(0), "position outside the rotary table");
     TORCH_CHECK(slot[r] >= 0 && slot[r] < k_cache.size(0), "slot outside the cache");
   }
-  auto q = torch::empty({rows, H, D}, qkv.options().dtype(torch::kFloat32));
-  if (qkv.dtype() == torch::kFloat32) {
+  auto q = at::empty({rows, H, D}, qkv.options().dtype(at::kFloat));
+  if (qkv.dtype() == at::kFloat) {
     qkv_rope_impl<float>(qkv.data_ptr<float>(), norm ? q_norm.data_ptr<float>() : nullptr,
                          norm ? k_norm.data_ptr<float>() : nullptr, cos.data_ptr<float>(), sin.data_ptr<float>(),
                          pos, slot, k_cache.data_ptr<float>(),
@@ -234,12 +236,12 @@ torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Ten
 }
 
 // gate_up: [rows, 2 I] (gate, then up) -> silu(gate) * up: [rows, I].
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   check_model_tensor(gate_up, "gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up: [rows, 2 I]");
   const int64_t rows = gate_up.size(0), I = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, I}, gate_up.options());
-  if (gate_up.dtype() == torch::kFloat32) {
+  auto out = at::empty({rows, I}, gate_up.options());
+  if (gate_up.dtype() == at::kFloat) {
     silu_mul_impl<float>(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, I);
   } else {
     using B = c10::BFloat16;

@@ -12,7 +12,7 @@
 // a chunk has many query rows per key, so it tiles them and computes like a GEMM.
 // Vectors are ATen's `at::vec::Vectorized<float>`, built for AVX-512 or AVX2 when this
 // CPU has them (see kernels/__init__.py); bf16 rows widen to fp32 in registers.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>  // not torch/extension.h: a tenth of the compile time
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -328,16 +328,16 @@ bool bf16_dots_available(int64_t D) {
 #endif
 }
 
-void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor tables,
-                     torch::Tensor rows, torch::Tensor lens, torch::Tensor ctx, int64_t block_size,
-                     double scale, torch::Tensor out) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T,H,D]");
-  TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.sizes() == q.sizes(), "out must be like q");
+void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
+                     at::Tensor rows, at::Tensor lens, at::Tensor ctx, int64_t block_size,
+                     double scale, at::Tensor out) {
+  TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T,H,D]");
+  TORCH_CHECK(out.dtype() == at::kFloat && out.is_contiguous() && out.sizes() == q.sizes(), "out must be like q");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "cache halves must be contiguous");
   TORCH_CHECK(k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "caches are [slots,KVH,D]");
   TORCH_CHECK(k_cache.dtype() == v_cache.dtype(), "k and v caches differ in dtype");
   for (auto* t : {&tables, &rows, &lens, &ctx})
-    TORCH_CHECK(t->dtype() == torch::kInt64 && t->is_contiguous(), "tables, rows, lens and ctx are contiguous int64");
+    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous(), "tables, rows, lens and ctx are contiguous int64");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), S = rows.numel();
   TORCH_CHECK(k_cache.size(2) == D && KVH > 0 && H % KVH == 0, "head shapes do not match");
   TORCH_CHECK(supports_head_dim(D), "head_dim ", D, " is not supported by the paged attention kernel");
@@ -356,11 +356,11 @@ void paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cac
   for (int64_t s = 0; s < S; ++s)  // the blocks each span reads
     for (int64_t j = 0; j < (c[s] + block_size - 1) / block_size; ++j)
       TORCH_CHECK(tb[s * max_blocks + j] >= 0 && tb[s * max_blocks + j] < cache_blocks, "block id outside the cache");
-  if (k_cache.dtype() == torch::kFloat32) {
+  if (k_cache.dtype() == at::kFloat) {
     dispatch_head_dim<float>(D, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                              tables.data_ptr<int64_t>(), r, n, c, out.data_ptr<float>(), S, H, KVH, max_blocks,
                              block_size, (float)scale);
-  } else if (k_cache.dtype() == torch::kBFloat16) {
+  } else if (k_cache.dtype() == at::kBFloat16) {
     // Prefill spans and decode rows by bf16 dot products where the CPU has them;
     // elsewhere the fp32 loops here.
     if (use_bf16_dots && bf16_dots_available(D)) {

@@ -10,7 +10,6 @@
 // Scores accumulate in fp32 and are scaled in fp32; probabilities are rounded to bf16
 // for P V, as torch's bf16 attention does. Decode rows keep the streaming fp32 loop of
 // paged_attention.cpp. Compiled for AVX-512 builds only, used where the CPU says so.
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>

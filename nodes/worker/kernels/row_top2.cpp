@@ -2,7 +2,8 @@
 // value (the first, on ties, as torch.argmax) and its margin over the second largest (0
 // when the largest occurs twice, as torch.topk(2) gives it). torch's argmax over a
 // [128, 32000] fp32 step took 2.3 ms on 2 cores here, 3% of a decode step.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>  // not torch/extension.h: a tenth of the compile time
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <algorithm>
@@ -59,12 +60,12 @@ void top2_row(const float* x, int64_t n, int64_t* id, float* margin) {
 }  // namespace
 
 // logits: [B, V] float32, finite. Returns (ids [B] int64, margins [B] float32).
-std::tuple<torch::Tensor, torch::Tensor> row_top2(torch::Tensor logits) {
-  TORCH_CHECK(logits.dtype() == torch::kFloat32 && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 2,
+std::tuple<at::Tensor, at::Tensor> row_top2(at::Tensor logits) {
+  TORCH_CHECK(logits.dtype() == at::kFloat && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) >= 2,
               "row_top2: logits must be contiguous float32 [rows, vocab >= 2]");
   const int64_t B = logits.size(0), V = logits.size(1);
-  auto ids = torch::empty({B}, logits.options().dtype(torch::kInt64));
-  auto margins = torch::empty({B}, logits.options());
+  auto ids = at::empty({B}, logits.options().dtype(at::kLong));
+  auto margins = at::empty({B}, logits.options());
   const float* x = logits.data_ptr<float>();
   int64_t* id = ids.data_ptr<int64_t>();
   float* m = margins.data_ptr<float>();
