@@ -1,14 +1,17 @@
 """W1 through the cluster (router, scheduler, storage, one worker) against the same
-engine called in-process, same inputs, same run: the wall time the protocol and the
-nodes add (target: under 5%).
+engine called in-process, same shape of work, same run: the wall time the protocol and
+the nodes add (target: under 5%).
 
-Both sides are measured warm: after the first round each engine serves W1's prompts
-from its prefix cache (every round sends the same inputs; fresh prompts in a warm
-process take as long as the first run, measured 22.4 s then 23.1 s), so a first run
-would otherwise be charged to whichever side ran first. The cluster stays up; each
-round runs the engine in-process (the idle cluster beside it costs ~2% of this 2-core
-machine, see the note printed) and then the same work as a new job. This machine's speed drifts by 10-15% over minutes, so the median of the
-per-round ratios is the result. The cold first runs are printed too.
+Both sides are measured warm, in alternating rounds: the cluster stays up, and each
+round runs W1 in-process, then as a new job. Every run gets fresh token ids with W1's
+lengths (`GenerationWork.with_fresh_tokens`), so no run is served from the prefix cache
+a previous one left. This machine's speed drifts by 10-15% over minutes, so the median
+of the per-round ratios is the result; the cold first runs are printed too.
+
+Beside wall time each round prints the CPU seconds each side burned: the in-process
+engine's process, and the worker's. Equal CPU seconds with unequal wall time mean the
+worker waited (on messages, or on cores the other nodes held); more CPU seconds mean
+it did more work for the same tokens.
 
 The cost of acknowledged delivery and the durable logs (result WAL with group commit,
 job log, input pages, progress reports) is inside that ratio. It is also reported on
@@ -43,7 +46,6 @@ def main() -> None:
 
     ensure_model(args.model)
     work = w1(sequences=args.sequences)
-    items = job_items(work)
     params = {"ignore_eos": True}
 
     eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy))
@@ -51,10 +53,12 @@ def main() -> None:
     tokens = work.prompt_tokens + work.output_tokens
     ratios = []
 
-    def in_process() -> float:
-        t = time.perf_counter()
-        eng.generate(work.prompts, sampling)
-        return time.perf_counter() - t
+    def in_process(seed: int) -> tuple[float, float]:
+        """Wall and CPU seconds of the in-process engine on fresh tokens."""
+        prompts = work.with_fresh_tokens(seed).prompts
+        t, c = time.perf_counter(), time.process_time()
+        eng.generate(prompts, sampling)
+        return time.perf_counter() - t, time.process_time() - c
 
     def cpu_seconds(cluster) -> dict[str, float]:
         import psutil
@@ -67,21 +71,24 @@ def main() -> None:
 
     shares, router_shares, idle = [], [], {}
 
-    def cluster_job(client, cluster, key: str) -> float:
+    def cluster_job(client, cluster, key: str, seed: int) -> tuple[float, float]:
+        """Wall seconds of the job and the worker's CPU seconds, on fresh tokens."""
+        items = job_items(work.with_fresh_tokens(seed))
         before = cpu_seconds(cluster)
         t = time.perf_counter()
         results = client.submit(items, params=params, job_key=key).wait()
         assert len(results) == len(items)
         wall = time.perf_counter() - t
-        used = {k: v - before[k] - idle.get(k, 0.0) * wall for k, v in cpu_seconds(cluster).items()}
+        spent = {k: v - before[k] for k, v in cpu_seconds(cluster).items()}
+        used = {k: v - idle.get(k, 0.0) * wall for k, v in spent.items()}
         shares.append((used["storage"] + used["scheduler"]) / used["worker"])
         router_shares.append(used["router"] / used["worker"])
         print(f"  CPU during the job beyond idle: worker {used['worker']:.1f} s, storage {used['storage']:.2f} s, "
               f"scheduler {used['scheduler']:.2f} s, router {used['router']:.2f} s "
               f"-> delivery and logs {100 * shares[-1]:.2f}% of the worker's", flush=True)
-        return wall
+        return wall, spent["worker"]
 
-    cold_inproc = in_process()
+    cold_inproc, _ = in_process(seed=1)
     with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy) as cluster:
         client = shoal.Client(cluster.router)
         time.sleep(3)
@@ -89,14 +96,15 @@ def main() -> None:
         time.sleep(15)
         idle.update({k: (v - a[k]) / 15 for k, v in cpu_seconds(cluster).items()})
         print("idle CPU per second: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in idle.items()), flush=True)
-        cold_cluster = cluster_job(client, cluster, "warm-up")
+        cold_cluster, _ = cluster_job(client, cluster, "warm-up", seed=2)
         print(f"cold (first run of a fresh process): in-process {cold_inproc:.1f} s, cluster {cold_cluster:.1f} s", flush=True)
         for r in range(args.rounds):
-            inproc = in_process()
-            wall = cluster_job(client, cluster, f"round-{r}")
+            inproc, inproc_cpu = in_process(seed=3 + 2 * r)
+            wall, worker_cpu = cluster_job(client, cluster, f"round-{r}", seed=4 + 2 * r)
             ratios.append(wall / inproc)
-            print(f"round {r + 1}: in-process {inproc:.1f} s ({tokens / inproc:.0f} tok/s), cluster {wall:.1f} s "
-                  f"({tokens / wall:.0f} tok/s): {100 * (wall / inproc - 1):+.1f}%", flush=True)
+            print(f"round {r + 1}: in-process {inproc:.1f} s ({tokens / inproc:.0f} tok/s, {inproc_cpu:.1f} CPU s), "
+                  f"cluster {wall:.1f} s ({tokens / wall:.0f} tok/s, worker {worker_cpu:.1f} CPU s): "
+                  f"{100 * (wall / inproc - 1):+.1f}%", flush=True)
     med = statistics.median(ratios)
     print(f"W1 x{args.sequences} ({args.dtype}, policy {args.policy}), {args.rounds} rounds: nodes and protocol add "
           f"{100 * (med - 1):+.1f}% wall time (median; per round {', '.join(f'{100 * (x - 1):+.1f}%' for x in ratios)})")

@@ -60,10 +60,15 @@ def matmul_gflops(dtype_name: str, threads: int) -> dict:
         for name, fn in calls.items():
             for _ in range(3):
                 fn()
-            n, t = 10, time.perf_counter()
-            for _ in range(n):
-                fn()
-            rates[name] = 2 * 1024 * 768 * 4096 * n / (time.perf_counter() - t) / 1e9
+            # The best of 5 timings of 10 calls: a ceiling, not a typical rate (one timing
+            # on this noisy machine read 10-15% low, below what the engines then reached).
+            best = 0.0
+            for _ in range(5):
+                n, t = 10, time.perf_counter()
+                for _ in range(n):
+                    fn()
+                best = max(best, 2 * 1024 * 768 * 4096 * n / (time.perf_counter() - t) / 1e9)
+            rates[name] = best
     return rates
 
 

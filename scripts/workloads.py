@@ -19,6 +19,12 @@ class GenerationWork:
     def output_tokens(self) -> int:
         return sum(self.output_lens)
 
+    def with_fresh_tokens(self, seed: int, vocab_size: int = 32000) -> "GenerationWork":
+        """The same shape (prompt and output lengths) with new random token ids: a warm
+        engine computes it in full instead of serving it from its prefix cache."""
+        r = random.Random(seed)
+        return GenerationWork([[r.randrange(vocab_size - 1) for _ in p] for p in self.prompts], self.output_lens)
+
 
 def w1(vocab_size: int = 32000, sequences: int = 128, seed: int = 0) -> GenerationWork:
     """W1: prompts of U[128, 256] random token ids, outputs of U[128, 256] tokens."""

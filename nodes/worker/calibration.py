@@ -33,7 +33,14 @@ CALIBRATION_VERSION = 3  # 2: the native engine (fused ops, paged prefill) and t
 
 
 def device_name() -> str:
-    return f"cpu:{cpu_model()}:{torch.get_num_threads()}t"
+    """The CPU, the vector ISA its code runs at and the threads: step costs differ on
+    each (ATEN_CPU_CAPABILITY or SHOAL_VECTOR_ISA can cap a CPU below its widest ISA)."""
+    from shoal.nodes.worker.kernels import default_isa
+
+    isa = torch.backends.cpu.get_cpu_capability()
+    if default_isa() != isa:
+        isa += f"+kernels-{default_isa()}"
+    return f"cpu:{cpu_model()}:{isa}:{torch.get_num_threads()}t"
 
 
 def cache_path(engine, root: Path | None = None) -> Path:

@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from shoal.nodes.worker import calibration
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
@@ -118,3 +119,14 @@ def test_stale_cache_for_another_model_is_refused(tiny_model, tiny_model_other_s
     # An engine ignores the stale file and measures its own.
     fresh = LLMEngine(tiny_model_other_seed, EngineConfig(policy="ebplus"))
     assert json.loads(path.read_text())["model"] == fresh.fingerprint
+
+
+def test_a_capped_vector_isa_is_another_device(monkeypatch):
+    # Steps run slower with the kernels capped at AVX2 on an AVX-512 CPU: the calibration
+    # cache must not hand that engine the uncapped one's costs (or the reverse).
+    monkeypatch.delenv("SHOAL_VECTOR_ISA", raising=False)
+    native = calibration.device_name()
+    for isa in ("AVX2", "DEFAULT"):
+        monkeypatch.setenv("SHOAL_VECTOR_ISA", isa)
+        capped = calibration.device_name()
+        assert (capped == native) == (isa == torch.backends.cpu.get_cpu_capability())
