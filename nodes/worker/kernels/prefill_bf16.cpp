@@ -7,9 +7,10 @@
 // query rows) into the layouts the instruction pairs elements in:
 //   K: [block of 16 keys][dim pair][16 keys][2]  a vector = 16 keys x one dim pair
 //   V: [key pair][dim][2]                          a vector = 16 dims x one key pair
+// by register shuffles (16 x 16 transposes for K, vpermt2w for V), not element by element.
 // Scores accumulate in fp32 and are scaled in fp32; probabilities are rounded to bf16
-// for P V, as torch's bf16 attention does. Decode rows keep the streaming fp32 loop of
-// paged_attention.cpp. Compiled for AVX-512 builds only, used where the CPU says so.
+// for P V, as torch's bf16 attention does. Decode rows take decode_bf16.cpp. Compiled
+// for AVX-512 builds only, used where the CPU says so.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -40,19 +41,63 @@ struct Packed {  // one span's K and V for one KV head, context padded to KB key
   std::vector<uint32_t> v;  // [ctx_pad / 2][D]
 };
 
-void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t ctx, int64_t h, int64_t KVH,
-          int64_t D, int64_t bs, Packed& p) {
+// c[j] lane i = r[i] lane j: a 16 x 16 transpose of 32-bit elements (64 shuffles).
+SHOAL_BF16 inline void transpose16(const __m512i* r, __m512i* c) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4g + k], 128-bit lane L: column 4L + k of rows 4g .. 4g + 3
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88), w1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+    c[k] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    c[8 + k] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+    c[4 + k] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    c[12 + k] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+  }
+}
+
+// K: 16 keys' rows at a time, 16 dim pairs by 16 keys transposed in registers. V: two
+// keys' rows interleaved element by element (vpermt2w keeps the dims in order).
+SHOAL_BF16 void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t ctx, int64_t h,
+                     int64_t KVH, int64_t D, int64_t bs, Packed& p) {
   const int64_t pad = (ctx + KB - 1) / KB * KB, DP = D / 2;
   p.k.assign(pad * DP, 0u);
   p.v.assign(pad / 2 * D, 0u);
-  for (int64_t t = 0; t < ctx; ++t) {
-    const int64_t off = ((table[t / bs] * bs + t % bs) * KVH + h) * D;
-    const uint32_t* krow = reinterpret_cast<const uint32_t*>(kc + off);
-    uint32_t* kdst = p.k.data() + (t / 16) * DP * 16 + t % 16;
-    for (int64_t dp = 0; dp < DP; ++dp) kdst[dp * 16] = krow[dp];
-    uint16_t* vdst = reinterpret_cast<uint16_t*>(p.v.data() + (t / 2) * D) + (t & 1);
-    const uint16_t* vrow = vc + off;
-    for (int64_t d = 0; d < D; ++d) vdst[2 * d] = vrow[d];
+  const std::vector<uint16_t> zero(D, 0);
+  auto row = [&](const uint16_t* cache, int64_t t) {
+    return t < ctx ? cache + ((table[t / bs] * bs + t % bs) * KVH + h) * D : zero.data();
+  };
+  for (int64_t t0 = 0; t0 < ctx; t0 += 16) {
+    const uint16_t* rows[16];
+    for (int i = 0; i < 16; ++i) rows[i] = row(kc, t0 + i);
+    for (int64_t c0 = 0; c0 < DP; c0 += 16) {  // dim pairs c0 .. c0 + 15
+      __m512i r[16], c[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i] + 2 * c0);
+      transpose16(r, c);
+      uint32_t* dst = p.k.data() + (t0 / 16) * DP * 16 + c0 * 16;
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(dst + j * 16, c[j]);
+    }
+  }
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                      39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t t = 0; t < ctx; t += 2) {
+    const uint16_t *a = row(vc, t), *b = row(vc, t + 1);
+    uint32_t* dst = p.v.data() + (t / 2) * D;
+    for (int64_t d0 = 0; d0 < D; d0 += 32) {  // dims d0 .. d0 + 31 of both keys
+      const __m512i va = _mm512_loadu_si512(a + d0), vb = _mm512_loadu_si512(b + d0);
+      _mm512_storeu_si512(dst + d0, _mm512_permutex2var_epi16(va, lo, vb));
+      _mm512_storeu_si512(dst + d0 + 16, _mm512_permutex2var_epi16(va, hi, vb));
+    }
   }
 }
 
@@ -99,39 +144,56 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
           s1[b] = _mm512_dpbf16_ps(s1[b], qb, k1);
         }
       }
-      // Scores out of registers first: the softmax below calls std::exp, and a call
-      // would otherwise spill every accumulator still live.
+      // Scores out of registers first: the softmax below reads them row-head by row-head.
       alignas(64) float sb[RB][KB];
       for (int b = 0; b < RB; ++b) {
         _mm512_store_ps(sb[b], _mm512_mul_ps(s0[b], _mm512_set1_ps(scale)));
         _mm512_store_ps(sb[b] + 16, _mm512_mul_ps(s1[b], _mm512_set1_ps(scale)));
       }
+      // Block maxima first, then every row-head's rescale exp(m_old - m_new) as one
+      // vector (0 on a row-head's first block, m_old = -inf): a scalar exp per row-head
+      // was a call that spilled the live registers.
+      alignas(64) float mold[16], mnew[16];
+      int64_t seen_n[RB];
+      for (int b = 0; b < RB; ++b) mold[b] = mnew[b] = 0.f;
       for (int b = 0; b < nb; ++b) {
         const int64_t rh = rh0 + b;
         const int64_t n = std::clamp<int64_t>(seen[rh] - start, 0, KB);  // keys of this block it sees
+        seen_n[b] = n;
+        if (n == 0) continue;
+        __m512 a = _mm512_load_ps(sb[b]), c = _mm512_load_ps(sb[b] + 16);
+        if (n < KB) {  // the causal edge or the context's end: the unseen keys out
+          a = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::min<int64_t>(n, 16))), a);
+          c = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::max<int64_t>(n - 16, 0))), c);
+          _mm512_store_ps(sb[b], a);
+          _mm512_store_ps(sb[b] + 16, c);
+        }
+        mold[b] = m[rh];
+        mnew[b] = std::max(m[rh], _mm512_reduce_max_ps(_mm512_max_ps(a, c)));
+      }
+      alignas(64) float crb[16];
+      (at::vec::Vectorized<float>(_mm512_load_ps(mold)) - at::vec::Vectorized<float>(_mm512_load_ps(mnew))).exp_u20().store(crb);
+      const __m512bh ones = (__m512bh)_mm512_set1_epi16((short)0x3f80);  // bf16 1.0
+      for (int b = 0; b < nb; ++b) {
+        const int64_t rh = rh0 + b;
         uint32_t* prow = pp.data() + rh * (KB / 2);
-        if (n == 0) {
+        if (seen_n[b] == 0) {
           std::fill(prow, prow + KB / 2, 0u);
           cr[rh] = 1.f;
           continue;
         }
-        const __mmask16 m0 = (__mmask16)_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::min<int64_t>(n, 16)));
-        const __mmask16 m1 = (__mmask16)_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::max<int64_t>(n - 16, 0)));
-        const __m512 a = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m0, _mm512_load_ps(sb[b]));
-        const __m512 c = _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF), m1, _mm512_load_ps(sb[b] + 16));
-        const float mx = std::max(m[rh], _mm512_reduce_max_ps(_mm512_max_ps(a, c)));
-        cr[rh] = std::exp(m[rh] - mx);  // 0 on the first block (m = -inf)
+        cr[rh] = crb[b];
+        const at::vec::Vectorized<float> mx(mnew[b]);
         // exp_u20: an inline polynomial (20 ulp, far below the bf16 rounding that
         // follows), where Sleef's exp is a call that spills every live accumulator.
-        const at::vec::Vectorized<float> ea = (at::vec::Vectorized<float>(a) - at::vec::Vectorized<float>(mx)).exp_u20();
-        const at::vec::Vectorized<float> ec = (at::vec::Vectorized<float>(c) - at::vec::Vectorized<float>(mx)).exp_u20();
-        // l sums the probabilities as P V uses them: rounded to bf16.
+        const at::vec::Vectorized<float> ea = (at::vec::Vectorized<float>(_mm512_load_ps(sb[b])) - mx).exp_u20();
+        const at::vec::Vectorized<float> ec = (at::vec::Vectorized<float>(_mm512_load_ps(sb[b] + 16)) - mx).exp_u20();
         const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)ec, (__m512)ea);  // keys 0-15 low, 16-31 high
         _mm512_storeu_si512(prow, (__m512i)pb);
-        const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256((__m512i)pb)), 16));
-        const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64((__m512i)pb, 1)), 16));
-        lsum[rh] = _mm512_fmadd_ps(lsum[rh], _mm512_set1_ps(cr[rh]), _mm512_add_ps(lo, hi));
-        m[rh] = mx;
+        // l sums the probabilities as P V uses them, rounded to bf16: a dot product
+        // with ones adds them pairwise, exactly, in fp32 lanes.
+        lsum[rh] = _mm512_dpbf16_ps(_mm512_mul_ps(lsum[rh], _mm512_set1_ps(cr[rh])), pb, ones);
+        m[rh] = mnew[b];
       }
     }
     const int64_t kp_end = (std::min<int64_t>(KB, nmax - start) + 1) / 2;  // key pairs any row sees
