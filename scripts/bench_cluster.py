@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cluster_stats import node_cpu_seconds  # noqa: E402
 from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
 
@@ -60,26 +61,17 @@ def main() -> None:
         eng.generate(prompts, sampling)
         return time.perf_counter() - t, time.process_time() - c
 
-    def cpu_seconds(cluster) -> dict[str, float]:
-        import psutil
-
-        out = {}
-        for name, (proc, _, _) in cluster.nodes.items():
-            t = psutil.Process(proc.pid).cpu_times()
-            out[name.split("-")[0]] = out.get(name.split("-")[0], 0.0) + t.user + t.system
-        return out
-
     shares, router_shares, idle = [], [], {}
 
     def cluster_job(client, cluster, key: str, seed: int) -> tuple[float, float]:
         """Wall seconds of the job and the worker's CPU seconds, on fresh tokens."""
         items = job_items(work.with_fresh_tokens(seed))
-        before = cpu_seconds(cluster)
+        before = node_cpu_seconds(cluster)
         t = time.perf_counter()
         results = client.submit(items, params=params, job_key=key).wait()
         assert len(results) == len(items)
         wall = time.perf_counter() - t
-        spent = {k: v - before[k] for k, v in cpu_seconds(cluster).items()}
+        spent = {k: v - before[k] for k, v in node_cpu_seconds(cluster).items()}
         used = {k: v - idle.get(k, 0.0) * wall for k, v in spent.items()}
         shares.append((used["storage"] + used["scheduler"]) / used["worker"])
         router_shares.append(used["router"] / used["worker"])
@@ -92,9 +84,9 @@ def main() -> None:
     with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy) as cluster:
         client = shoal.Client(cluster.router)
         time.sleep(3)
-        a = cpu_seconds(cluster)
+        a = node_cpu_seconds(cluster)
         time.sleep(15)
-        idle.update({k: (v - a[k]) / 15 for k, v in cpu_seconds(cluster).items()})
+        idle.update({k: (v - a[k]) / 15 for k, v in node_cpu_seconds(cluster).items()})
         print("idle CPU per second: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in idle.items()), flush=True)
         cold_cluster, _ = cluster_job(client, cluster, "warm-up", seed=2)
         print(f"cold (first run of a fresh process): in-process {cold_inproc:.1f} s, cluster {cold_cluster:.1f} s", flush=True)

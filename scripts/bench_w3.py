@@ -199,25 +199,9 @@ def run_shoal_lockstep(data: Path, n: int) -> dict:
 # -- Shoal through a local cluster ---------------------------------------------------------
 
 
-def node_cpu(cluster) -> dict[str, float]:
-    """CPU seconds (user + system) each node process and etcd have used so far: on a
-    machine whose cores the engine's threads fill, every other process's CPU time
-    delays a step, and a parallel region waits for its slowest thread."""
-    import psutil
-
-    out = {}
-    for name, proc in [*((n, v[0]) for n, v in cluster.nodes.items()), ("etcd", cluster.etcd.proc)]:
-        try:
-            t = psutil.Process(proc.pid).cpu_times()
-            out[name] = t.user + t.system
-        except psutil.Error:  # exited meanwhile
-            pass
-    return out
-
-
 def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
     import shoal
-    from cluster_stats import worker_stats
+    from cluster_stats import node_cpu_seconds, worker_stats
 
     meta = json.loads((data / "w3.json").read_text())
     items = read_jsonl(data / "questions.jsonl")[:n]
@@ -225,11 +209,11 @@ def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
         client = shoal.Client(cluster.router)
         client.load_index(str(data / "index"), "default")
         before = worker_stats(cluster)
-        cpu0 = node_cpu(cluster)
+        cpu0 = node_cpu_seconds(cluster)
         t0 = time.perf_counter()
         records = client.submit(items, program="w3").wait()
         wall = time.perf_counter() - t0
-        cpu1 = node_cpu(cluster)
+        cpu1 = node_cpu_seconds(cluster)
         after = worker_stats(cluster)
         client.close()
     failed = [r for r in records if r.get("error")]

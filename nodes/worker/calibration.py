@@ -37,9 +37,9 @@ def device_name() -> str:
     each (ATEN_CPU_CAPABILITY or SHOAL_VECTOR_ISA can cap a CPU below its widest ISA)."""
     from shoal.nodes.worker.kernels import default_isa
 
-    isa = torch.backends.cpu.get_cpu_capability()
-    if default_isa() != isa:
-        isa += f"+kernels-{default_isa()}"
+    isa, kernels = torch.backends.cpu.get_cpu_capability(), default_isa()
+    if kernels != isa:
+        isa += f"+kernels-{kernels}"
     return f"cpu:{cpu_model()}:{isa}:{torch.get_num_threads()}t"
 
 

@@ -9,8 +9,8 @@ module is built with ATen's vector types for the widest instruction set this CPU
 both kinds never hands one the other's binary. Building takes under a minute per build
 the first time on 2 cores (only bindings.cpp includes torch/extension.h: parsing it
 takes 23 s a file, the ATen headers the kernels include 3 s); later processes load the
-cached build. If the build fails, the
-engine falls back to gather + scaled_dot_product_attention and says so.
+cached build. If the build fails, the engine falls back to gather +
+scaled_dot_product_attention and says so.
 """
 
 from __future__ import annotations

@@ -196,9 +196,9 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double
 // qk-norm); cos, sin: fp32 tables [positions, D]; positions, slots: [rows] int64. Writes
 // each row's key and value into the cache halves ([slots, KVH, D], qkv's dtype) at its
 // slot; returns the rotated queries as fp32 [rows, H, D] for the attention kernel.
-at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos,
-                             at::Tensor sin, at::Tensor positions, at::Tensor slots, at::Tensor k_cache,
-                             at::Tensor v_cache, int64_t H, int64_t KVH, double eps) {
+at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin,
+                          at::Tensor positions, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, int64_t H,
+                          int64_t KVH, double eps) {
   check_model_tensor(qkv, "qkv");
   TORCH_CHECK(qkv.dim() == 2 && H > 0 && KVH > 0 && qkv.size(1) % (H + 2 * KVH) == 0, "qkv: [rows, (H + 2 KVH) D]");
   const int64_t rows = qkv.size(0), D = qkv.size(1) / (H + 2 * KVH);

@@ -153,9 +153,8 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
       // Block maxima first, then every row-head's rescale exp(m_old - m_new) as one
       // vector (0 on a row-head's first block, m_old = -inf): a scalar exp per row-head
       // was a call that spilled the live registers.
-      alignas(64) float mold[16], mnew[16];
+      alignas(64) float mold[16] = {}, mnew[16] = {};  // unused lanes: exp(0), never read
       int64_t seen_n[RB];
-      for (int b = 0; b < RB; ++b) mold[b] = mnew[b] = 0.f;
       for (int b = 0; b < nb; ++b) {
         const int64_t rh = rh0 + b;
         const int64_t n = std::clamp<int64_t>(seen[rh] - start, 0, KB);  // keys of this block it sees
