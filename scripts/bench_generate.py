@@ -16,6 +16,11 @@ own kernels (ATEN_CPU_CAPABILITY), oneDNN and MKL are capped at AVX2, Shoal load
 AVX2 native build, and `auto` resolves without the AVX-512 flags (to float32). vLLM's
 CPU build keeps its own compiled kernels (attention, cache ops), which this cannot cap.
 
+Beside the matmul ceiling the run measures the memory read rate and prints W1's roofline
+floor (`roofline.py`): its matmuls at the ceiling plus its decode steps' KV-cache reads at
+the read rate. Each system's time is also given as a share of that floor, and the floor
+says how much of the ceiling any engine's model FLOP/s can reach on W1 on this machine.
+
 `--dtype auto` resolves as the worker does (`nodes/worker/dtype_choice.py`): the
 checkpoint's bf16 where this CPU has AVX512_BF16 or AMX, else float32, for every system.
 """
@@ -34,6 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from roofline import decode_cache_bytes, floor_seconds, memory_read_gbps  # noqa: E402
 from workloads import w1  # noqa: E402
 
 
@@ -246,6 +252,13 @@ def main() -> None:
           f"budget {args.budget or 'auto'} tokens/step")
     print(f"matmul ceiling ({args.dtype}, 1024x768x4096, measured now): {ceiling:.0f} GFLOP/s ("
           + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()) + ")")
+    read_gbps = memory_read_gbps(args.threads)
+    cache_bytes = decode_cache_bytes([len(p) for p in work.prompts], work.output_lens, cfg.num_layers, cfg.kv_size,
+                                     2 if args.dtype == "bfloat16" else 4)
+    floor = floor_seconds(2 * params * total_tokens, ceiling, cache_bytes, read_gbps)
+    print(f"roofline floor: {floor['floor_s']:.1f} s = matmuls at the ceiling {floor['matmul_s']:.1f} s + decode KV "
+          f"reads ({cache_bytes / 1e9:.0f} GB at {read_gbps:.1f} GB/s, measured now) {floor['cache_s']:.1f} s; "
+          f"no engine's model FLOP/s can pass {100 * floor['max_matmul_share']:.0f}% of the ceiling on W1 here")
     has_vllm = "vllm" in args.peers and vllm_installed(args.vllm_python)
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]
     if "vllm" in args.peers and not has_vllm:
@@ -264,9 +277,11 @@ def main() -> None:
         r["output_tok_s"] = r["output_tokens"] / r["wall"]
         r["total_tok_s"] = (work.prompt_tokens + r["output_tokens"]) / r["wall"]
         r["flops_share"] = 2 * params * total_tokens / r["wall"] / (ceiling * 1e9)
+        r["floor_share"] = floor["floor_s"] / r["wall"]
         results[name] = r
         print(f"{name:>12}: {r['wall']:7.1f} s  {r['output_tok_s']:7.0f} output tok/s  {r['total_tok_s']:7.0f} total tok/s  "
-              f"peak RSS {r['peak_rss_mb']:.0f} MB  model FLOP/s {100 * r['flops_share']:.0f}% of matmul ceiling")
+              f"peak RSS {r['peak_rss_mb']:.0f} MB  model FLOP/s {100 * r['flops_share']:.0f}% of matmul ceiling, "
+              f"{100 * r['floor_share']:.0f}% of the roofline")
         if name == "shoal-cluster":
             print(f"{'':>12}  steps {r['steps']}; worker engine {r['engine_s']:.1f} s, outside the engine "
                   f"{r['wall'] - r['engine_s']:.1f} s (submit, placement, results, the other nodes)")
@@ -291,7 +306,8 @@ def main() -> None:
         print(f"local cluster vs in-process: {100 * extra:+.1f}% wall time, {100 * engine:+.1f}% engine time "
               f"(both cold, one run each: the engine's share is the machine's run-to-run drift)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_summary(), "ceiling_gflops": rates, "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_summary(), "ceiling_gflops": rates, "read_gbps": read_gbps,
+                                          "roofline": floor, "results": results}, indent=2))
 
 
 if __name__ == "__main__":
