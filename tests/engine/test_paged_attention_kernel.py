@@ -80,12 +80,16 @@ def tolerance(kernel, dtype, D) -> float:
     return BF16_DOTS_ATOL if dtype == torch.bfloat16 and kernel.bf16_dots_available(D) else 2e-5
 
 
-@pytest.fixture(params=["bf16 dot products", "fp32 loops"])
+@pytest.fixture(params=["amx tiles", "bf16 dot products", "fp32 loops"])
 def bf16_path(request, kernel):
-    """Runs a bf16 test both ways on a CPU with AVX512_BF16 (elsewhere both are the fp32 loops)."""
-    kernel.set_bf16_dots(request.param == "bf16 dot products")
+    """Runs a bf16 test each way this CPU has: prefill tiles by AMX (prefill_amx.cpp),
+    by AVX512_BF16 dot products, and the fp32 loops (where the CPU lacks AMX the first
+    is the second, and without AVX512_BF16 all three are the loops)."""
+    kernel.set_bf16_dots(request.param != "fp32 loops")
+    kernel.set_amx(request.param == "amx tiles")
     yield request.param
     kernel.set_bf16_dots(True)
+    kernel.set_amx(True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -103,7 +107,7 @@ def test_kernel_matches_sdpa_over_random_shapes(kernel, dtype, bf16_path):
             spans.append((n, c))
         out, want, row = random_case(rng, kernel, dtype, spans, bs, KVH * H_per, KVH, D)
         err = (out[:row] - want[:row]).abs().max().item()
-        tol = tolerance(kernel, dtype, D) if bf16_path == "bf16 dot products" else 2e-5
+        tol = tolerance(kernel, dtype, D) if bf16_path != "fp32 loops" else 2e-5
         assert err < tol, f"H={KVH * H_per} KVH={KVH} D={D} bs={bs} spans={spans}: max error {err}"
         assert torch.all(out[row:] == 7.0), "the kernel wrote rows outside its spans"
 

@@ -27,7 +27,14 @@ def test_calibration_fits_and_caches(tiny_model):
     cached = json.loads(path.read_text())
     assert cached["model"] == eng.fingerprint and set(cached["r2"]) == {"prefill", "decode", "mb"}
     assert all(r2 <= 1.0 for r2 in cached["r2"].values())
-    assert cached["beta_p"] > 0, "prefill time must grow with prompt length"
+    # The tiny model's prefill is overhead-bound, so on a busy 2-core machine its slope
+    # can fit at or below zero (CI saw -3.9e-5); the W3-shaped test below asserts a
+    # positive slope where prefill is large enough to measure. Here: a slope EB+ cannot
+    # use must be refused by name.
+    assert cached["beta_p"] == cached["beta_p"], "β_p must be a number"
+    if cached["beta_p"] <= 0:
+        fallback = eng.policy_fallback or ""
+        assert "beta_p" in fallback or "zero slope" in fallback, fallback
     # Either the fit is trusted and drives EB+, or the engine says why it fell back.
     assert (eng.planner.name == "ebplus") == (eng.policy_fallback is None)
     # A second engine reuses the cache instead of measuring again.

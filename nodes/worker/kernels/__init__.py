@@ -24,7 +24,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "prefill_bf16.cpp", "decode_bf16.cpp",
+_SOURCES = [str(_HERE / n) for n in ("paged_attention.cpp", "prefill_bf16.cpp", "prefill_amx.cpp", "decode_bf16.cpp",
                                      "fused_ops.cpp", "row_top2.cpp", "bindings.cpp")]
 
 

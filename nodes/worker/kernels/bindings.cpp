@@ -9,6 +9,8 @@ bool supports_head_dim(int64_t D);
 int64_t vector_width();
 void set_bf16_dots(bool on);
 bool bf16_dots_available(int64_t D);
+void set_amx(bool on);
+bool amx_available(int64_t D);
 // fused_ops.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 torch::Tensor qkv_rope_cache(torch::Tensor qkv, torch::Tensor q_norm, torch::Tensor k_norm, torch::Tensor cos,
@@ -24,6 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("vector_width", &vector_width, "floats per vector in this build");
   m.def("set_bf16_dots", &set_bf16_dots, "let a bf16 cache use the bf16 dot-product kernels (default on)");
   m.def("bf16_dots_available", &bf16_dots_available, "whether a bf16 cache of this head dim uses bf16 dot products here");
+  m.def("set_amx", &set_amx, "let prefill tiles of a bf16 cache use AMX where the CPU has it (default on)");
+  m.def("amx_available", &amx_available, "whether prefill tiles of a bf16 cache of this head dim use AMX here");
   m.def("rms_norm", &rms_norm, "RMSNorm, optionally after adding the residual stream (updated in place)");
   m.def("qkv_rope_cache", &qkv_rope_cache, "qk-norm and RoPE of a fused qkv projection; K and V into the cache");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

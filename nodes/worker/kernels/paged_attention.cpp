@@ -23,6 +23,7 @@
 #include <atomic>
 #include <memory>
 
+#include "bf16_pack.h"
 #include "vec_io.h"
 
 using shoal::dynamic_for;
@@ -309,7 +310,7 @@ int64_t vector_width() { return VS; }
 // spans' rows only.
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
-                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
+                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx);
 void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
@@ -318,6 +319,10 @@ void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat
 // decode_bf16.cpp); tests turn it off to check the fp32 loops on a CPU that has them.
 static bool use_bf16_dots = true;
 void set_bf16_dots(bool on) { use_bf16_dots = on; }
+// Whether prefill tiles may take AMX where the CPU has it (prefill_amx.cpp); tests turn
+// it off to check the AVX512_BF16 tiles on a CPU that has both.
+static bool use_amx = true;
+void set_amx(bool on) { use_amx = on; }
 // Both kernels compute head dims 32, 64 and 128, and are compiled into AVX-512 builds only.
 bool bf16_dots_available(int64_t D) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -327,6 +332,7 @@ bool bf16_dots_available(int64_t D) {
   return false;
 #endif
 }
+bool amx_available(int64_t D) { return bf16_dots_available(D) && shoal::amx_available(D); }
 
 void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                      at::Tensor rows, at::Tensor lens, at::Tensor ctx, int64_t block_size,
@@ -367,7 +373,7 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
       const auto* kb = k_cache.data_ptr<c10::BFloat16>();
       const auto* vb = v_cache.data_ptr<c10::BFloat16>();
       prefill_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks,
-                   block_size, (float)scale);
+                   block_size, (float)scale, use_amx && amx_available(D));
       decode_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks,
                   block_size, (float)scale);
     } else {

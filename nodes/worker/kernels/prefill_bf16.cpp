@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "bf16_pack.h"
 #include "vec_io.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -36,10 +37,8 @@ constexpr int RB = 8;          // row-heads scored together, sharing each K load
 constexpr int RBV = 6;         // row-heads accumulated together, sharing each V load
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-struct Packed {  // one span's K and V for one KV head, context padded to KB keys
-  std::vector<uint32_t> k;  // [ctx_pad / 16][D / 2][16]
-  std::vector<uint32_t> v;  // [ctx_pad / 2][D]
-};
+using shoal::Packed;
+static_assert(shoal::PACK_KEYS % KB == 0, "the packed context is read in whole blocks");
 
 // c[j] lane i = r[i] lane j: a 16 x 16 transpose of 32-bit elements (64 shuffles).
 SHOAL_BF16 inline void transpose16(const __m512i* r, __m512i* c) {
@@ -69,7 +68,7 @@ SHOAL_BF16 inline void transpose16(const __m512i* r, __m512i* c) {
 // keys' rows interleaved element by element (vpermt2w keeps the dims in order).
 SHOAL_BF16 void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t ctx, int64_t h,
                      int64_t KVH, int64_t D, int64_t bs, Packed& p) {
-  const int64_t pad = (ctx + KB - 1) / KB * KB, DP = D / 2;
+  const int64_t pad = (ctx + shoal::PACK_KEYS - 1) / shoal::PACK_KEYS * shoal::PACK_KEYS, DP = D / 2;
   p.k.assign(pad * DP, 0u);
   p.v.assign(pad / 2 * D, 0u);
   const std::vector<uint16_t> zero(D, 0);
@@ -223,10 +222,11 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
 }  // namespace
 
 // Every span of more than one row, as paged_attention() describes spans; q and out are
-// fp32 [T, H, D], the cache bf16 [slots, KVH, D].
+// fp32 [T, H, D], the cache bf16 [slots, KVH, D]. `amx`: the tiles by AMX
+// (prefill_amx.cpp), where shoal::amx_available(D).
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
-                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale) {
+                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx) {
   std::vector<std::pair<int64_t, int64_t>> packs;  // (span, kv head)
   for (int64_t s = 0; s < S; ++s)
     if (lens[s] > 1)
@@ -255,6 +255,7 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
     const auto [i, i0] = tasks[t];
     const auto [s, h] = packs[i];
     const int64_t R = std::min(ROWS, lens[s] - i0);
+    if (amx) return shoal::amx_tile(q, packed[i], rows[s], lens[s], ctx[s], i0, R, h, G, H, D, scale, out);
     switch (D) {
       case 32: tile<2>(q, packed[i], rows[s], lens[s], ctx[s], i0, R, h, G, H, scale, out); break;
       case 64: tile<4>(q, packed[i], rows[s], lens[s], ctx[s], i0, R, h, G, H, scale, out); break;
@@ -267,6 +268,6 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
 
 void prefill_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
                   const int64_t*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                  float) {}
+                  float, bool) {}
 
 #endif

@@ -1,0 +1,29 @@
+// A span's keys and values for one KV head, packed by prefill_bf16.cpp into the layouts
+// the bf16 pair instructions read: vdpbf16ps (AVX512_BF16) and tdpbf16ps (AMX) both
+// multiply pairs of adjacent bf16 elements, so K is stored as dim pairs and V as key
+// pairs. The context is padded with zeros to a multiple of PACK_KEYS keys.
+//   K: [block of 16 keys][dim pair][16 keys][2]  16 dim pairs x 16 keys: an AMX B tile
+//   V: [key pair][dim][2]                          16 key pairs x 16 dims: an AMX B tile
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace shoal {
+
+constexpr int64_t PACK_KEYS = 64;  // the AMX tile's softmax block; the AVX-512 one takes halves
+
+struct Packed {
+  std::vector<uint32_t> k;  // [ctx_pad / 16][D / 2][16]
+  std::vector<uint32_t> v;  // [ctx_pad / 2][D]
+};
+
+// AMX tiles (prefill_amx.cpp): whether this CPU and kernel let this process use them
+// for head dim D.
+bool amx_available(int64_t D);
+
+// Rows [i0, i0 + R) of a span (its first q row `row0`, `len` rows, context `ctx`), the
+// G query heads of KV head h, by AMX tiles; q and out fp32 [T, H, D].
+void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
+              int64_t h, int64_t G, int64_t H, int64_t D, float scale, float* out);
+
+}  // namespace shoal
