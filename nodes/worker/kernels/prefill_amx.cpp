@@ -68,22 +68,21 @@ SHOAL_AMX void load_tile_config() {
   _tile_loadconfig(&cfg);
 }
 
-inline uint16_t bf16_bits(float x) { return c10::BFloat16(x).x; }  // nearest even, as torch rounds
-
 template <int NQ>  // D / 32: Q's tiles along a row-head's dims
 SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
                          int64_t R, int64_t h, int64_t G, int64_t H, float scale, float* out) {
   constexpr int64_t D = NQ * 32, DP = D / 2, NO = D / 16;
   static_assert(NO % 4 == 0, "outputs go 4 tiles (64 dims) at a time");
   const int64_t RG = R * G, groups = (RG + M - 1) / M, base = ctx - len, nmax = base + i0 + R;
-  std::vector<uint16_t> qa(groups * M * D, 0);  // bf16 queries, one row-head per row
+  std::vector<c10::BFloat16> qa(groups * M * D, c10::BFloat16(0.f));  // bf16 queries, one row-head per row
   std::vector<float> acc(groups * M * D, 0.f), m(groups * M, NEG_INF), l(RG);
   std::vector<__m512> lsum(groups * M, _mm512_setzero_ps());  // softmax sums, lane by lane
   std::vector<int64_t> seen(groups * M, 0);                   // keys each row-head sees
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
       const float* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) qa[(r * G + g) * D + d] = bf16_bits(src[d]);
+      for (int64_t d = 0; d < D; d += shoal::VS)  // rounded to nearest even, as torch rounds
+        shoal::store_vec(qa.data() + (r * G + g) * D + d, shoal::Vec::loadu(src + d));
       seen[r * G + g] = base + i0 + r + 1;
     }
   alignas(64) float sb[M][KB];     // a group's scores for the block
