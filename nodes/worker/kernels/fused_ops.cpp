@@ -13,6 +13,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "vec_io.h"
@@ -151,8 +152,12 @@ void silu_mul_impl(const T* gate_up, T* out, int64_t rows, int64_t I) {
       T* o = out + r * I;
       int64_t i = 0;
       for (; i + VS <= I; i += VS) {
+        // bf16: exp_u20, ATen's inline polynomial (a few fp32 ulp, gone in the bf16
+        // rounding that follows: identical outputs on 4M random inputs), 7% off this
+        // compute-bound op; fp32 keeps Sleef's exp, as torch computes it.
         const Vec g = load_vec(gr + i);
-        const Vec act = rnd_vec<T>(g / (Vec(1.f) + g.neg().exp()));
+        const Vec e = std::is_same_v<T, float> ? g.neg().exp() : g.neg().exp_u20();
+        const Vec act = rnd_vec<T>(g / (Vec(1.f) + e));
         store_vec(o + i, rnd_vec<T>(act * load_vec(ur + i)));
       }
       for (; i < I; ++i) {
