@@ -10,7 +10,7 @@
 
 namespace shoal {
 
-constexpr int64_t PACK_KEYS = 64;  // the AMX tile's softmax block; the AVX-512 one takes halves
+constexpr int64_t PACK_KEYS = 64;  // the AMX tile's Q K^T block; the AVX-512 softmax block takes halves
 
 struct Packed {
   std::vector<uint32_t> k;  // [ctx_pad / 16][D / 2][16]
