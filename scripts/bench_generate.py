@@ -174,9 +174,15 @@ def run_transformers(args, work) -> dict:
     return {"wall": time.perf_counter() - t, "output_tokens": produced}
 
 
-def run_vllm(args, work) -> dict:
+def vllm_cpu_env() -> None:
+    """vLLM's CPU recipe, before vllm is imported: a 4 GiB KV cache, as Shoal's, and its
+    OpenMP threads bound to every core (unless the caller set either)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+
+
+def run_vllm(args, work) -> dict:
+    vllm_cpu_env()
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(args.model, skip_tokenizer_init=True, dtype=args.dtype)

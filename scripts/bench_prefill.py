@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_generate import cpu_summary, vllm_installed  # noqa: E402
+from bench_generate import cpu_summary, vllm_cpu_env, vllm_installed  # noqa: E402
 from workloads import ensure_model  # noqa: E402
 
 
@@ -42,7 +41,6 @@ def prompts(seed: int, n: int, lo: int, hi: int, vocab: int = 30000) -> list[lis
 
 def shoal_engine(args):
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-
     from shoal.sampling import SamplingParams
 
     eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, max_num_batched_tokens=args.budget))
@@ -57,8 +55,7 @@ def shoal_engine(args):
 
 
 def vllm_engine(args):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+    vllm_cpu_env()
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(args.model, skip_tokenizer_init=True, dtype=args.dtype)

@@ -55,8 +55,9 @@ def top_k(vectors, query_vectors, k: int) -> list[list[int]]:
 
 
 def run_vllm_lockstep(data: Path, n: int) -> dict:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    from bench_generate import vllm_cpu_env  # Shoal-free, as this side must be
+
+    vllm_cpu_env()
     import numpy as np
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer

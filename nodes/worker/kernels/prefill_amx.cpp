@@ -2,8 +2,9 @@
 // Rapids), where the CPU has it: Q K^T and P V as tdpbf16ps, each one 16 x 16 x 32
 // multiply-adds of bf16 pairs into fp32, about four times the products per cycle of
 // the vdpbf16ps loops in prefill_bf16.cpp, whose packing, task list and numerics this
-// shares: scores in fp32, the softmax online over blocks of keys, probabilities rounded
-// to bf16 for P V and their sum l taken over the rounded values.
+// shares: scores in fp32, the softmax online over runs of keys (segments here, blocks
+// there), probabilities rounded to bf16 for P V and their sum l taken over the rounded
+// values.
 //
 // A tile is 16 row-heads (query rows x the query heads of one KV head) against a
 // segment of up to 1,024 keys, in three passes:
@@ -93,7 +94,7 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
     }
   thread_local std::vector<float> sc(M * SEG);      // a group's scores for the segment, row-major
   thread_local std::vector<uint16_t> pb(M * SEG);   // their probabilities, bf16
-  alignas(64) float m[M], cr[M];
+  float m[M], cr[M];  // per row-head: running maximum, this segment's rescale
   __m512 lsum[M];
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512bh ones = (__m512bh)_mm512_set1_epi16((short)0x3f80);  // bf16 1.0
