@@ -145,27 +145,44 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
           continue;
         }
         const float* sr = sc.data() + r * SEG;
-        auto scores = [&](int64_t k) SHOAL_AMX {  // 16 scaled scores from key k; unseen ones -inf
-          const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sr + k), vscale);
+        auto raw = [&](int64_t k) SHOAL_AMX {  // 16 unscaled scores from key k; unseen ones -inf
+          const __m512 x = _mm512_loadu_ps(sr + k);
           if (k + 16 <= n) return x;
           return _mm512_mask_mov_ps(_mm512_set1_ps(NEG_INF),
                                     _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)std::max<int64_t>(n - k, 0))), x);
         };
-        __m512 mx = _mm512_set1_ps(NEG_INF);
-        for (int64_t k = 0; k < n; k += 16) mx = _mm512_max_ps(mx, scores(k));
-        const float mnew = std::max(m[r], _mm512_reduce_max_ps(mx));
+        // The maximum in four independent chains (one chain waited on vmaxps's latency
+        // every 16 keys), of the unscaled scores: fl(scale x) rises with x, so scaling the
+        // maximum gives the scaled scores' maximum exactly.
+        __m512 m0 = _mm512_set1_ps(NEG_INF), m1 = m0, m2 = m0, m3 = m0;
+        int64_t k = 0;
+        for (; k + 64 <= n; k += 64) {
+          m0 = _mm512_max_ps(m0, _mm512_loadu_ps(sr + k));
+          m1 = _mm512_max_ps(m1, _mm512_loadu_ps(sr + k + 16));
+          m2 = _mm512_max_ps(m2, _mm512_loadu_ps(sr + k + 32));
+          m3 = _mm512_max_ps(m3, _mm512_loadu_ps(sr + k + 48));
+        }
+        for (; k < n; k += 16) m0 = _mm512_max_ps(m0, raw(k));
+        const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3))) * scale;
+        const float mnew = std::max(m[r], top);
         cr[r] = std::exp(m[r] - mnew);  // 0 on the first segment
         m[r] = mnew;
-        const at::vec::Vectorized<float> vm(mnew);
-        __m512 sum = _mm512_mul_ps(lsum[r], _mm512_set1_ps(cr[r]));
-        for (int64_t k = 0; k < keys; k += 32) {
-          const __m512 e0 = (at::vec::Vectorized<float>(scores(k)) - vm).exp_u20();
-          const __m512 e1 = (at::vec::Vectorized<float>(scores(k + 16)) - vm).exp_u20();
-          const __m512bh pk = _mm512_cvtne2ps_pbh(e1, e0);
-          _mm512_storeu_si512(pr + k, (__m512i)pk);
-          sum = _mm512_dpbf16_ps(sum, pk, ones);  // the sum over the rounded probabilities
+        // exp(s scale - m) from one fused multiply-add; the sum over the rounded
+        // probabilities in two chains, each waiting on vdpbf16ps's latency half as often.
+        const __m512 vneg = _mm512_set1_ps(-mnew);
+        auto prob = [&](int64_t k) SHOAL_AMX {
+          return (__m512)at::vec::Vectorized<float>(_mm512_fmadd_ps(raw(k), vscale, vneg)).exp_u20();
+        };
+        __m512 sum0 = _mm512_mul_ps(lsum[r], _mm512_set1_ps(cr[r])), sum1 = _mm512_setzero_ps();
+        for (k = 0; k < keys; k += 64) {  // a segment is whole blocks of 64 keys
+          const __m512bh p0 = _mm512_cvtne2ps_pbh(prob(k + 16), prob(k));
+          const __m512bh p1 = _mm512_cvtne2ps_pbh(prob(k + 48), prob(k + 32));
+          _mm512_storeu_si512(pr + k, (__m512i)p0);
+          _mm512_storeu_si512(pr + k + 32, (__m512i)p1);
+          sum0 = _mm512_dpbf16_ps(sum0, p0, ones);
+          sum1 = _mm512_dpbf16_ps(sum1, p1, ones);
         }
-        lsum[r] = sum;
+        lsum[r] = _mm512_add_ps(sum0, sum1);
       }
       // P V: the accumulators rescaled in memory, then loaded as tiles and summed over the
       // segment's keys in the tile registers; the key pairs no row-head sees are skipped.
