@@ -54,3 +54,11 @@ def sorted_by_length(items: list[dict]) -> list[dict]:
     arrives): the longest items come last."""
     key = lambda it: sum(p + o for p, o in it["segments"])
     return [dict(it, id=i) for i, it in enumerate(sorted(items, key=key))]
+
+
+def longest_first(items: list[dict]) -> list[dict]:
+    """The same items, longest first: the order a scheduler that knew every length in
+    advance would start them in (longest processing time first). No submission gives
+    outputs' lengths ahead of time; this bounds what predicting them could buy."""
+    key = lambda it: sum(p + o for p, o in it["segments"])
+    return [dict(it, id=i) for i, it in enumerate(sorted(items, key=key, reverse=True))]
