@@ -49,16 +49,23 @@ def multi_hop(n: int, seed: int = 0, hop_alpha: float = 1.6, max_hops: int = 32,
     return items
 
 
+def item_tokens(item: dict) -> int:
+    """An item's length: every segment's prompt and output tokens."""
+    return sum(p + o for p, o in item["segments"])
+
+
+def _by_length(items: list[dict], longest_first: bool) -> list[dict]:
+    return [dict(it, id=i) for i, it in enumerate(sorted(items, key=item_tokens, reverse=longest_first))]
+
+
 def sorted_by_length(items: list[dict]) -> list[dict]:
     """One large job submitted in order of length (as a file sorted by a length column
     arrives): the longest items come last."""
-    key = lambda it: sum(p + o for p, o in it["segments"])
-    return [dict(it, id=i) for i, it in enumerate(sorted(items, key=key))]
+    return _by_length(items, longest_first=False)
 
 
 def longest_first(items: list[dict]) -> list[dict]:
     """The same items, longest first: the order a scheduler that knew every length in
     advance would start them in (longest processing time first). No submission gives
     outputs' lengths ahead of time; this bounds what predicting them could buy."""
-    key = lambda it: sum(p + o for p, o in it["segments"])
-    return [dict(it, id=i) for i, it in enumerate(sorted(items, key=key, reverse=True))]
+    return _by_length(items, longest_first=True)

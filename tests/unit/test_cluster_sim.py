@@ -96,9 +96,9 @@ def test_a_static_split_relaunches_a_lost_shard_and_shoal_does_not_wait_for_it()
 def test_knowing_lengths_in_advance_is_what_closes_the_gap_to_the_ideal():
     items = wl.lognormal(4 * 96, seed=5, cap=4096)
     oracle = wl.longest_first(items)
-    lengths = [sum(p + o for p, o in it["segments"]) for it in oracle]
+    lengths = [wl.item_tokens(it) for it in oracle]
     assert lengths == sorted(lengths, reverse=True) and [it["id"] for it in oracle] == list(range(len(items)))
-    assert sorted(lengths) == sorted(sum(p + o for p, o in it["segments"]) for it in items)
+    assert sorted(lengths) == sorted(wl.item_tokens(it) for it in items)
     # The same core, the same items: started longest first, the job ends nearer the ideal.
     blind, knowing = ClusterSim(specs(4)).run(items), ClusterSim(specs(4)).run(oracle)
     assert knowing.ideal == pytest.approx(blind.ideal)

@@ -55,10 +55,9 @@ SHOAL_BF16 inline __m512 sum16(const __m512* v) {
   return _mm512_permutexvar_ps(order, f);
 }
 
-// Prefetches the `bytes` of a cache row at `row` (HINT 3: into L1, as _MM_HINT_T0).
-template <int HINT>
+// Prefetches the `bytes` of a cache row at `row` into L1.
 inline void prefetch_row(const uint16_t* row, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + off, 0, HINT);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + off, 0, 3);
 }
 
 // One query token, every head, against keys [0, n) of one sequence. NZ = D / 32: the
@@ -107,7 +106,7 @@ struct DecodeBf16 {
     // once, where P V fetches its own rows ahead as it goes.
     for (int64_t t0 = 0; t0 < npad; t0 += 16) {
       for (int64_t t = t0; t < t0 + 16; ++t) {
-        prefetch_row<3>(krows[t + 16], row_bytes);
+        prefetch_row(krows[t + 16], row_bytes);
         for (int64_t h = 0; h < KVH; ++h) {
           __m512bh k[NZ];
           for (int c = 0; c < NZ; ++c) k[c] = (__m512bh)_mm512_loadu_si512(krows[t] + h * D + c * 32);
@@ -148,8 +147,8 @@ struct DecodeBf16 {
     }
     // P V: two keys' rows at a time, every head; the accumulators stay in L1.
     for (int64_t t = 0; t < npad; t += 2) {
-      prefetch_row<3>(vrows[t + 16], row_bytes);
-      prefetch_row<3>(vrows[t + 17], row_bytes);
+      prefetch_row(vrows[t + 16], row_bytes);
+      prefetch_row(vrows[t + 17], row_bytes);
       for (int64_t h = 0; h < KVH; ++h) {
         __m512bh u[2 * NZ];
         for (int c = 0; c < NZ; ++c) {
