@@ -24,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "softmax_exp2.h"
 #include "vec_io.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -131,13 +132,13 @@ struct DecodeBf16 {
       }
       __m512 mv = _mm512_set1_ps(NEG_INF);
       for (int64_t t0 = 0; t0 < npad; t0 += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + t0));
-      const at::vec::Vectorized<float> mx(_mm512_reduce_max_ps(mv));
+      const __m512 l2 = _mm512_set1_ps(shoal::LOG2E), c0 = _mm512_set1_ps(-_mm512_reduce_max_ps(mv) * shoal::LOG2E);
       __m512 sum = _mm512_setzero_ps();
       uint32_t* pp = pairs.data() + hq * npad / 2;
       for (int64_t t0 = 0; t0 < npad; t0 += 32) {
-        // exp_u20: an inline polynomial, 20 ulp, far below the bf16 rounding that follows.
-        const __m512 a = (at::vec::Vectorized<float>(_mm512_loadu_ps(sc + t0)) - mx).exp_u20();
-        const __m512 b = (at::vec::Vectorized<float>(_mm512_loadu_ps(sc + t0 + 16)) - mx).exp_u20();
+        // exp(s - m) as 2^t (softmax_exp2.h), t from one fused multiply-add.
+        const __m512 a = shoal::exp2_softmax(_mm512_fmadd_ps(_mm512_loadu_ps(sc + t0), l2, c0));
+        const __m512 b = shoal::exp2_softmax(_mm512_fmadd_ps(_mm512_loadu_ps(sc + t0 + 16), l2, c0));
         const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // keys t0.. in order: pairs (t, t+1)
         _mm512_storeu_si512(pp + t0 / 2, pb);
         sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(pb)), 16)));

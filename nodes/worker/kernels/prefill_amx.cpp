@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bf16_pack.h"
+#include "softmax_exp2.h"
 #include "vec_io.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -98,7 +99,6 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
   __m512 lsum[M];
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const __m512bh ones = (__m512bh)_mm512_set1_epi16((short)0x3f80);  // bf16 1.0
-  const __m512 vscale = _mm512_set1_ps(scale);
   load_tile_config();
   for (int64_t g0 = 0; g0 < groups; ++g0) {
     const int64_t first = g0 * M, rows = std::min(M, RG - first);
@@ -167,12 +167,11 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
         const float mnew = std::max(m[r], top);
         cr[r] = std::exp(m[r] - mnew);  // 0 on the first segment
         m[r] = mnew;
-        // exp(s scale - m) from one fused multiply-add; the sum over the rounded
-        // probabilities in two chains, each waiting on vdpbf16ps's latency half as often.
-        const __m512 vneg = _mm512_set1_ps(-mnew);
-        auto prob = [&](int64_t k) SHOAL_AMX {
-          return (__m512)at::vec::Vectorized<float>(_mm512_fmadd_ps(raw(k), vscale, vneg)).exp_u20();
-        };
+        // exp(s scale - m) as 2^t, t from one fused multiply-add (softmax_exp2.h: 12% off
+        // the kernel against ATen's exp_u20); the sum over the rounded probabilities in
+        // two chains, each waiting on vdpbf16ps's latency half as often.
+        const __m512 c1 = _mm512_set1_ps(scale * shoal::LOG2E), c0 = _mm512_set1_ps(-mnew * shoal::LOG2E);
+        auto prob = [&](int64_t k) SHOAL_AMX { return shoal::exp2_softmax(_mm512_fmadd_ps(raw(k), c1, c0)); };
         __m512 sum0 = _mm512_mul_ps(lsum[r], _mm512_set1_ps(cr[r])), sum1 = _mm512_setzero_ps();
         for (k = 0; k < keys; k += 64) {  // a segment is whole blocks of 64 keys
           const __m512bh p0 = _mm512_cvtne2ps_pbh(prob(k + 16), prob(k));

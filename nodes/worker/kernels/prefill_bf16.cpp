@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bf16_pack.h"
+#include "softmax_exp2.h"
 #include "vec_io.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -181,12 +182,11 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
           continue;
         }
         cr[rh] = crb[b];
-        const at::vec::Vectorized<float> mx(mnew[b]);
-        // exp_u20: an inline polynomial (20 ulp, far below the bf16 rounding that
-        // follows), where Sleef's exp is a call that spills every live accumulator.
-        const at::vec::Vectorized<float> ea = (at::vec::Vectorized<float>(_mm512_load_ps(sb[b])) - mx).exp_u20();
-        const at::vec::Vectorized<float> ec = (at::vec::Vectorized<float>(_mm512_load_ps(sb[b] + 16)) - mx).exp_u20();
-        const __m512bh pb = _mm512_cvtne2ps_pbh((__m512)ec, (__m512)ea);  // keys 0-15 low, 16-31 high
+        // exp(s - m) as 2^t (softmax_exp2.h), t from one fused multiply-add.
+        const __m512 l2 = _mm512_set1_ps(shoal::LOG2E), c0 = _mm512_set1_ps(-mnew[b] * shoal::LOG2E);
+        const __m512 ea = shoal::exp2_softmax(_mm512_fmadd_ps(_mm512_load_ps(sb[b]), l2, c0));
+        const __m512 ec = shoal::exp2_softmax(_mm512_fmadd_ps(_mm512_load_ps(sb[b] + 16), l2, c0));
+        const __m512bh pb = _mm512_cvtne2ps_pbh(ec, ea);  // keys 0-15 low, 16-31 high
         _mm512_storeu_si512(prow, (__m512i)pb);
         // l sums the probabilities as P V uses them, rounded to bf16: a dot product
         // with ones adds them pairwise, exactly, in fp32 lanes.

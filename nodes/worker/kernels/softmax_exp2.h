@@ -1,0 +1,32 @@
+// 2^t for a softmax's probabilities, where the result is rounded to bf16 next (P V's
+// operand): round(t) goes into the exponent field as an integer and a degree-4
+// polynomial takes the fraction in [-0.5, 0.5] (relative error 2.7e-6, a thousandth of a
+// bf16 rounding step). Ten vector instructions where ATen's exp_u20 takes twenty (the
+// clamps, conversions and blends a general exp needs): the softmax is the largest of the
+// AMX prefill kernel's three phases. Arguments are log2 of probabilities, t <= ~0:
+// t below -125 (or -inf, or NaN) gives exactly 0, as a masked key must.
+#pragma once
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+
+namespace shoal {
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+inline __m512 exp2_softmax(__m512 t) {
+  const __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.f), _CMP_GE_OQ);  // 2^-125 x [0.7, 1.5) is normal
+  const __m512 magic = _mm512_set1_ps(12582912.f);  // 1.5 x 2^23: t + magic holds round(t) in its low bits
+  const __m512 v = _mm512_add_ps(t, magic);
+  const __m512 f = _mm512_sub_ps(t, _mm512_sub_ps(v, magic));
+  // A least-squares fit of 2^f, weighted to relative error, on Chebyshev nodes of [-0.5, 0.5].
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.009560510516166687f), f, _mm512_set1_ps(0.05591703951358795f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24024981260299683f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931219696998596f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999991655349731f));
+  // bits(v) << 23 is round(t) << 23: magic's own bits shift out of the word.
+  return _mm512_castsi512_ps(
+      _mm512_maskz_add_epi32(live, _mm512_castps_si512(p), _mm512_slli_epi32(_mm512_castps_si512(v), 23)));
+}
+
+}  // namespace shoal
+#endif
