@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from shoal.nodes.worker import huge_pages
 from shoal.nodes.worker.models.config import DecoderConfig
 
 
@@ -16,11 +17,13 @@ class KVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         slots = num_blocks * block_size
-        # torch.empty, not zeros: memory is committed only as blocks are first written
+        # Uninitialized, not zeros: memory is committed only as blocks are first written
         # (peak RSS on W1 went from 2.9 GB to what its sequences use). No path reads a
         # slot before it is written: the kernel reads each span's own tokens, and the
-        # reference path pads with a sequence's first token (model_runner.py).
-        self.layers = [torch.empty(2, slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype) for _ in range(cfg.num_layers)]
+        # reference path pads with a sequence's first token (model_runner.py). On 2 MB
+        # pages where the OS has them (huge_pages.py).
+        shape = (2, slots, cfg.num_kv_heads, cfg.head_dim)
+        self.layers = [huge_pages.empty(shape, dtype) for _ in range(cfg.num_layers)]
 
     def slots_of(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         """Cache slots of token positions [start, end) of a sequence."""

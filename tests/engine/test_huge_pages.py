@@ -1,0 +1,56 @@
+"""The KV cache's memory: 2 MB-aligned and advised to use 2 MB pages where Linux has them."""
+
+import mmap
+from pathlib import Path
+
+import torch
+
+from shoal.nodes.worker import huge_pages
+from shoal.nodes.worker.kv_cache import KVCache
+from shoal.nodes.worker.models.config import load_decoder_config
+
+
+def thp_mode() -> str:
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return path.read_text().split("[")[1].split("]")[0] if path.exists() else "never"
+
+
+def thp_eligible(address: int) -> bool | None:
+    """/proc/self/smaps's THPeligible for the mapping holding `address` (None: no such field)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "THPeligible:":
+            return line.split()[1] == "1"
+    return None
+
+
+def test_empty_is_aligned_writable_and_advised():
+    t = huge_pages.empty((2, 4096, 4, 64), torch.bfloat16)
+    assert t.shape == (2, 4096, 4, 64) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    if getattr(mmap, "MADV_HUGEPAGE", None) is None:
+        return  # not Linux: a plain torch.empty, checked above
+    assert t.data_ptr() % huge_pages.HUGE_PAGE == 0
+    t.fill_(1.5)
+    t[1, 4095, 3, 63] = -2.0
+    assert t.float().sum().item() == 1.5 * (t.numel() - 1) - 2.0
+    if thp_mode() != "never":
+        assert thp_eligible(t.data_ptr()) is not False
+
+
+def test_small_tensors_are_plain():
+    t = huge_pages.empty((16, 64), torch.float32)
+    assert t.shape == (16, 64) and t.dtype == torch.float32
+
+
+def test_kv_cache_round_trips_on_its_pages(tiny_model):
+    cfg = load_decoder_config(tiny_model)
+    cache = KVCache(cfg, num_blocks=2048, block_size=16, dtype=torch.float32)
+    shape = (2, 2048 * 16, cfg.num_kv_heads, cfg.head_dim)
+    assert [tuple(layer.shape) for layer in cache.layers] == [shape] * cfg.num_layers
+    kv = torch.randn(cfg.num_layers, 2, 20, cfg.num_kv_heads, cfg.head_dim)
+    cache.write([7, 3], kv)
+    assert torch.equal(cache.read([7, 3], 20), kv)
