@@ -385,7 +385,7 @@ class LLMEngine:
         if not seqs:
             return []
         if self.on_logits is not None:
-            self.on_logits([s.seq_id for s in seqs], logits)
+            self.on_logits([s.seq_id for s in seqs], logits.float())
         params = [s.params for s in seqs]
         us = [uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids)) for s in seqs]
         kernel = self.runner.kernel

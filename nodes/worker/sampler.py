@@ -93,15 +93,18 @@ def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], row_top2=None
            ) -> tuple[list[int], torch.Tensor | None, dict[int, Draw]]:
-    """logits: [B, V] fp32. Returns the chosen ids; when any row asks for margins, the
-    top-1 minus top-2 logit of every row; and the `Draw` of every sampled row that asks
-    for margins, by row. `row_top2`: the native op that makes both in one pass (the
-    first index of a tied maximum, as argmax), else torch's argmax and topk."""
+    """logits: [B, V] fp32 or bf16 (a bf16 model's; every value widens to fp32 exactly,
+    so the picks and margins are those of the fp32 copy). Returns the chosen ids; when
+    any row asks for margins, the top-1 minus top-2 logit of every row; and the `Draw`
+    of every sampled row that asks for margins, by row. `row_top2`: the native op that
+    makes both in one pass (the first index of a tied maximum, as argmax), else torch's
+    argmax and topk."""
     if row_top2 is not None and logits.is_contiguous():
         chosen, margins = row_top2(logits)
         if not any(p.return_margins for p in params):
             margins = None
     else:
+        logits = logits.float()
         top2 = torch.topk(logits, 2, dim=-1) if any(p.return_margins for p in params) else None
         chosen = logits.argmax(dim=-1)
         margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None

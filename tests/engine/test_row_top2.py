@@ -41,9 +41,21 @@ def test_row_top2_matches_torch(kernel):
         assert torch.equal(margins, top2[:, 0] - top2[:, 1]), f"margins differ on {tuple(logits.shape)}"
 
 
+def test_row_top2_reads_bf16_as_its_fp32_copy(kernel):
+    for logits in cases():
+        if not torch.isfinite(logits).all():
+            continue
+        low = logits.bfloat16()
+        ids, margins = kernel.row_top2(low)
+        want_ids, want_margins = kernel.row_top2(low.float())
+        assert margins.dtype == torch.float32
+        assert torch.equal(ids, want_ids) and torch.equal(ids, low.float().argmax(dim=-1))
+        assert torch.equal(margins, want_margins), f"margins differ on {tuple(logits.shape)}"
+
+
 def test_row_top2_rejects_bad_input(kernel):
     with pytest.raises(RuntimeError, match="row_top2"):
-        kernel.row_top2(torch.randn(4, 10).bfloat16())
+        kernel.row_top2(torch.randn(4, 10).half())
     with pytest.raises(RuntimeError, match="row_top2"):
         kernel.row_top2(torch.randn(10))
 
@@ -55,7 +67,8 @@ def test_sampler_picks_the_same_with_the_native_op(kernel):
               SamplingParams(return_margins=True, top_p=0.9, temperature=0.7, seed=5)]
     us = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     want = sample(logits, params, us)
-    got = sample(logits, params, us, kernel.row_top2)
-    assert got[0] == want[0]
-    assert torch.equal(got[1], want[1])
-    assert {i: d.to_list() for i, d in got[2].items()} == {i: d.to_list() for i, d in want[2].items()}
+    for got in (sample(logits, params, us, kernel.row_top2), sample(logits.bfloat16(), params, us, kernel.row_top2),
+                sample(logits.bfloat16(), params, us)):
+        assert got[0] == want[0]
+        assert torch.equal(got[1], want[1])
+        assert {i: d.to_list() for i, d in got[2].items()} == {i: d.to_list() for i, d in want[2].items()}

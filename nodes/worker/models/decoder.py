@@ -129,8 +129,10 @@ class DecoderLM(nn.Module):
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Runs the step's tokens; returns fp32 logits for `logit_rows` only (the
-        tokens that sample), since the vocabulary projection is costly."""
+        """Runs the step's tokens; returns logits for `logit_rows` only (the tokens
+        that sample), since the vocabulary projection is costly. They stay in the
+        model's dtype: the greedy pick reads bf16 as it is, and the sampler widens
+        only the rows it samples."""
         x = self.embed(input_ids)
         if meta.kernel is not None:
             residual = x.new_empty(0)
@@ -148,4 +150,4 @@ class DecoderLM(nn.Module):
             x = self.norm(x[logit_rows])
         if self.streamer is not None:
             self.streamer.after_step(input_ids.shape[0])
-        return self.lm_head(x).float()
+        return self.lm_head(x)
