@@ -387,7 +387,9 @@ class LLMEngine:
         if self.on_logits is not None:
             self.on_logits([s.seq_id for s in seqs], logits.float())
         params = [s.params for s in seqs]
-        us = [uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids)) for s in seqs]
+        # A greedy row draws nothing: its uniform is never read.
+        us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids))
+              for s in seqs]
         kernel = self.runner.kernel
         tokens, margins, draws = sample(logits, params, us, kernel.row_top2 if kernel is not None else None)
         finished = []
