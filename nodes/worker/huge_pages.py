@@ -25,7 +25,7 @@ HUGE_PAGE = 2 << 20
 def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized CPU tensor whose memory starts on a 2 MB boundary and is advised
     to use 2 MB pages (a plain `torch.empty` under a megabyte, or where not possible)."""
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or nbytes < HUGE_PAGE // 2:
         return torch.empty(shape, dtype=dtype)

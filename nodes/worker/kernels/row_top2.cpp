@@ -85,13 +85,14 @@ std::tuple<at::Tensor, at::Tensor> row_top2(at::Tensor logits) {
   auto margins = at::empty({B}, logits.options().dtype(at::kFloat));
   int64_t* id = ids.data_ptr<int64_t>();
   float* m = margins.data_ptr<float>();
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      if (logits.dtype() == at::kFloat)
-        top2_row(logits.data_ptr<float>() + r * V, V, id + r, m + r);
-      else
-        top2_row(logits.data_ptr<c10::BFloat16>() + r * V, V, id + r, m + r);
-    }
-  });
+  auto rows = [&](const auto* x) {
+    at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) top2_row(x + r * V, V, id + r, m + r);
+    });
+  };
+  if (logits.dtype() == at::kFloat)
+    rows(logits.data_ptr<float>());
+  else
+    rows(logits.data_ptr<c10::BFloat16>());
   return {ids, margins};
 }

@@ -1,7 +1,7 @@
 // 2^t for a softmax's probabilities, where the result is rounded to bf16 next (P V's
 // operand): round(t) goes into the exponent field as an integer and a degree-4
-// polynomial takes the fraction in [-0.5, 0.5] (relative error 2.7e-6, a thousandth of a
-// bf16 rounding step). Ten vector instructions where ATen's exp_u20 takes twenty (the
+// polynomial takes the fraction in [-0.5, 0.5] (relative error 2.7e-6, under a thousandth
+// of a bf16 rounding step). Ten vector instructions where ATen's exp_u20 takes twenty (the
 // clamps, conversions and blends a general exp needs): the softmax is the largest of the
 // AMX prefill kernel's three phases. Arguments are log2 of probabilities, t <= ~0:
 // t below -125 (or -inf, or NaN) gives exactly 0, as a masked key must.
