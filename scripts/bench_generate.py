@@ -10,6 +10,13 @@ summary line per figure and the ratios; `--json PATH` writes them too.
     python scripts/bench_generate.py --sequences 32       # a scaled-down W1
     python scripts/bench_generate.py --vllm-python /tmp/vv/bin/python   # vLLM from its own venv
     python scripts/bench_generate.py --isa avx2           # as on a CPU with AVX2 only
+    python scripts/bench_generate.py --peers shoal-cluster --rounds 3   # the cluster's cost, 3 rounds
+
+`--rounds N` runs every system N times, each run a fresh process, in an order that turns
+around every round (A B C, then C B A, ...), and reports the median of the per-round
+ratios: this machine's speed drifts by 10-50% over minutes, more than the gaps measured,
+so one run of each side, minutes apart, can say little (the first round's runs are the
+cold ones a user gets; so are all the others).
 
 `--isa avx2` runs every system as it would run on an AVX2-only CPU, on this one: torch's
 own kernels (ATEN_CPU_CAPABILITY), oneDNN and MKL are capped at AVX2, Shoal loads its
@@ -111,6 +118,8 @@ def run_shoal(args, work) -> dict:
               "preemptions": s.preemptions, "budget": eng.config.max_num_batched_tokens,
               "budget_reason": eng.budget_reason, "policy_fallback": eng.policy_fallback,
               "attention": "native" if eng.runner.kernel is not None else "sdpa", "packed_linears": eng.packed_linears}
+    if args.no_profile:
+        return result
     # A step's anatomy, profiled apart from the timed run: the same work again, with
     # the profiler on for steps in the prefill-and-decode middle of the job.
     from step_profile import profile_steps
@@ -209,6 +218,59 @@ def vllm_installed(python: str) -> bool:
     return done.returncode == 0
 
 
+def run_system(args, name: str, work, params: int, ceiling: float, floor: dict, profile: bool) -> dict | None:
+    """One run of `name` in a fresh process; prints its lines and returns its figures."""
+    total_tokens = work.prompt_tokens + work.output_tokens
+    cmd = [args.vllm_python if name == "vllm" else sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
+           "--sequences", str(args.sequences), "--threads", str(args.threads), "--policy", args.policy]
+    cmd += ["--budget", str(args.budget)] if args.budget else []
+    cmd += [] if profile else ["--no-profile"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        print(f"{name}: failed\n{proc.stderr[-2000:]}")
+        return None
+    r = json.loads(line[7:])
+    r["output_tok_s"] = r["output_tokens"] / r["wall"]
+    r["total_tok_s"] = (work.prompt_tokens + r["output_tokens"]) / r["wall"]
+    r["flops_share"] = 2 * params * total_tokens / r["wall"] / (ceiling * 1e9)
+    r["floor_share"] = floor["floor_s"] / r["wall"]
+    print(f"{name:>12}: {r['wall']:7.1f} s  {r['output_tok_s']:7.0f} output tok/s  {r['total_tok_s']:7.0f} total tok/s  "
+          f"peak RSS {r['peak_rss_mb']:.0f} MB  model FLOP/s {100 * r['flops_share']:.0f}% of matmul ceiling, "
+          f"{100 * r['floor_share']:.0f}% of the roofline", flush=True)
+    if name == "shoal-cluster":
+        print(f"{'':>12}  steps {r['steps']}; worker engine {r['engine_s']:.1f} s, outside the engine "
+              f"{r['wall'] - r['engine_s']:.1f} s (submit, placement, results, the other nodes)")
+    if name == "shoal":
+        b = r["breakdown"]
+        other = r["wall"] - sum(b.values())
+        print(f"{'':>12}  steps {r['steps']}; plan {b['plan']:.1f} s, model {b['model']:.1f} s, "
+              f"sample {b['sample']:.1f} s, other {other:.1f} s; preemptions {r['preemptions']}")
+        print(f"{'':>12}  budget {r['budget']} tokens/step ({r['budget_reason']}); attention {r['attention']}; "
+              f"{r['packed_linears']} packed linears"
+              + (f"; policy fell back to MB: {r['policy_fallback']}" if r["policy_fallback"] else ""))
+        if "step_profile" in r:
+            from step_profile import format_breakdown
+
+            print(f"{'':>12}  step anatomy: {format_breakdown(r['step_profile'])}")
+    return r
+
+
+def per_round(rounds: list[dict], a: str, b: str, ratio) -> list[float]:
+    """ratio(a's figures, b's figures) in each round where both ran."""
+    return [ratio(r[a], r[b]) for r in rounds if a in r and b in r]
+
+
+def format_ratio(values: list[float], unit: str) -> str:
+    """One round's ratio, or the median of several with each round's."""
+    import statistics
+
+    fmt = (lambda v: f"{v:.2f}x") if unit == "x" else (lambda v: f"{100 * v:+.1f}%")
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(statistics.median(values))} (median of {len(values)} rounds: {', '.join(map(fmt, values))})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".bench/model-small", help="made with --preset small if absent")
@@ -224,8 +286,11 @@ def main() -> None:
                     help="systems to run beside Shoal in-process (shoal-cluster: the same job through a local cluster)")
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: run every system as on an AVX2-only CPU (see the docstring)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every system this many times, in alternating order; report median per-round ratios")
     ap.add_argument("--json")
     ap.add_argument("--child", choices=list(RUNNERS), help=argparse.SUPPRESS)
+    ap.add_argument("--no-profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
@@ -269,51 +334,28 @@ def main() -> None:
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]
     if "vllm" in args.peers and not has_vllm:
         print(f"vllm: not importable by {args.vllm_python}, skipped (see --vllm-python)")
-    results = {}
-    for name in systems:
-        cmd = [args.vllm_python if name == "vllm" else sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
-               "--sequences", str(args.sequences), "--threads", str(args.threads), "--policy", args.policy]
-        cmd += ["--budget", str(args.budget)] if args.budget else []
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            print(f"{name}: failed\n{proc.stderr[-2000:]}")
-            continue
-        r = json.loads(line[7:])
-        r["output_tok_s"] = r["output_tokens"] / r["wall"]
-        r["total_tok_s"] = (work.prompt_tokens + r["output_tokens"]) / r["wall"]
-        r["flops_share"] = 2 * params * total_tokens / r["wall"] / (ceiling * 1e9)
-        r["floor_share"] = floor["floor_s"] / r["wall"]
-        results[name] = r
-        print(f"{name:>12}: {r['wall']:7.1f} s  {r['output_tok_s']:7.0f} output tok/s  {r['total_tok_s']:7.0f} total tok/s  "
-              f"peak RSS {r['peak_rss_mb']:.0f} MB  model FLOP/s {100 * r['flops_share']:.0f}% of matmul ceiling, "
-              f"{100 * r['floor_share']:.0f}% of the roofline")
-        if name == "shoal-cluster":
-            print(f"{'':>12}  steps {r['steps']}; worker engine {r['engine_s']:.1f} s, outside the engine "
-                  f"{r['wall'] - r['engine_s']:.1f} s (submit, placement, results, the other nodes)")
-        if name == "shoal":
-            b = r["breakdown"]
-            other = r["wall"] - sum(b.values())
-            print(f"{'':>12}  steps {r['steps']}; plan {b['plan']:.1f} s, model {b['model']:.1f} s, "
-                  f"sample {b['sample']:.1f} s, other {other:.1f} s; preemptions {r['preemptions']}")
-            print(f"{'':>12}  budget {r['budget']} tokens/step ({r['budget_reason']}); attention {r['attention']}; "
-                  f"{r['packed_linears']} packed linears"
-                  + (f"; policy fell back to MB: {r['policy_fallback']}" if r["policy_fallback"] else ""))
-            from step_profile import format_breakdown
-
-            print(f"{'':>12}  step anatomy: {format_breakdown(r['step_profile'])}")
+    rounds = []
+    for rnd in range(args.rounds):
+        if args.rounds > 1:
+            print(f"-- round {rnd + 1} of {args.rounds}", flush=True)
+        order = systems if rnd % 2 == 0 else systems[::-1]
+        rounds.append({name: r for name in order
+                       if (r := run_system(args, name, work, params, ceiling, floor, profile=rnd == 0)) is not None})
+    results = rounds[0]
     for ours in ("shoal", "shoal-cluster"):
         for peer in ("vllm", "transformers"):
-            if ours in results and peer in results:
-                print(f"ratio {ours}/{peer}: {results[ours]['total_tok_s'] / results[peer]['total_tok_s']:.2f}x total tok/s")
-    if "shoal" in results and "shoal-cluster" in results:
-        extra = results["shoal-cluster"]["wall"] / results["shoal"]["wall"] - 1
-        engine = results["shoal-cluster"]["engine_s"] / sum(results["shoal"]["breakdown"].values()) - 1
-        print(f"local cluster vs in-process: {100 * extra:+.1f}% wall time, {100 * engine:+.1f}% engine time "
-              f"(both cold, one run each: the engine's share is the machine's run-to-run drift)")
+            ratio = per_round(rounds, ours, peer, lambda a, b: a["total_tok_s"] / b["total_tok_s"])
+            if ratio:
+                print(f"ratio {ours}/{peer}: {format_ratio(ratio, 'x')} total tok/s")
+    extra = per_round(rounds, "shoal-cluster", "shoal", lambda a, b: a["wall"] / b["wall"] - 1)
+    engine = per_round(rounds, "shoal-cluster", "shoal",
+                       lambda a, b: a["engine_s"] / sum(b["breakdown"].values()) - 1)
+    if extra:
+        print(f"local cluster vs in-process: {format_ratio(extra, '%')} wall time, {format_ratio(engine, '%')} engine "
+              f"time (every run cold, in its own process; one round's ratio moves with the machine's drift)")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "cpu": cpu_summary(), "ceiling_gflops": rates, "read_gbps": read_gbps,
-                                          "roofline": floor, "results": results}, indent=2))
+                                          "roofline": floor, "results": results, "rounds": rounds}, indent=2))
 
 
 if __name__ == "__main__":
