@@ -218,7 +218,7 @@ def vllm_installed(python: str) -> bool:
     return done.returncode == 0
 
 
-def run_system(args, name: str, work, params: int, ceiling: float, floor: dict, profile: bool) -> dict | None:
+def run_system(args, name: str, work, model_params: int, ceiling: float, floor: dict, profile: bool) -> dict | None:
     """One run of `name` in a fresh process; prints its lines and returns its figures."""
     total_tokens = work.prompt_tokens + work.output_tokens
     cmd = [args.vllm_python if name == "vllm" else sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
@@ -233,7 +233,7 @@ def run_system(args, name: str, work, params: int, ceiling: float, floor: dict, 
     r = json.loads(line[7:])
     r["output_tok_s"] = r["output_tokens"] / r["wall"]
     r["total_tok_s"] = (work.prompt_tokens + r["output_tokens"]) / r["wall"]
-    r["flops_share"] = 2 * params * total_tokens / r["wall"] / (ceiling * 1e9)
+    r["flops_share"] = 2 * model_params * total_tokens / r["wall"] / (ceiling * 1e9)
     r["floor_share"] = floor["floor_s"] / r["wall"]
     print(f"{name:>12}: {r['wall']:7.1f} s  {r['output_tok_s']:7.0f} output tok/s  {r['total_tok_s']:7.0f} total tok/s  "
           f"peak RSS {r['peak_rss_mb']:.0f} MB  model FLOP/s {100 * r['flops_share']:.0f}% of matmul ceiling, "
