@@ -13,7 +13,10 @@ lockstep pipeline a practitioner builds today, on the same data in the same run.
 - shoal-lockstep: the same rounds on Shoal's own engine in one process (the `w3`
   program's coroutines driven round by round), so the scheduling alone is compared too.
 
-Each side runs in a fresh process, one after another. Every side must generate exactly
+Each side runs in a fresh process, one after another; `--rounds N` runs them all N times,
+the order turned around every round, and reports the median of the per-round ratios
+(this machine's speed drifts by 10-50% over minutes: one run of each side, minutes
+apart, can be ahead or behind by that much). Every side must generate exactly
 the tokens and make exactly the retrievals the questions ask for (checked). Reported:
 job time, ratios, prompt tokens computed and served from cache, engine steps, mean
 running batch, where the time went (prefill, decode, encode, search, other), and the
@@ -23,6 +26,7 @@ the same run).
     python scripts/bench_w3.py                                # all 256 questions
     python scripts/bench_w3.py --questions 64 --sides shoal-cluster,shoal-lockstep
     python scripts/bench_w3.py --vllm-python /tmp/vv/bin/python --json w3.json
+    python scripts/bench_w3.py --sides shoal-cluster,shoal-lockstep --rounds 2
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -278,6 +283,46 @@ def python_has(python: str, module: str) -> bool:
     return done.returncode == 0
 
 
+def run_side(args, side: str, want: dict, ceiling: float, linear_params: int, head_params: int) -> dict | None:
+    """One run of `side` in a fresh process; prints its lines and returns its figures."""
+    python = args.vllm_python if side == "vllm-lockstep" else sys.executable
+    if side == "vllm-lockstep" and not (python_has(python, "vllm") and python_has(python, "sentence_transformers")):
+        print(f"{side}: {python} does not import vllm and sentence_transformers; skipped (see --vllm-python)")
+        return None
+    cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions)]
+    cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        print(f"{side}: failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
+        return None
+    r = json.loads(line[len("RESULT "):])
+    same = r["generated_tokens"] == want["generated_tokens"] and r["retrievals"] == want["retrievals"]
+    if not same:
+        print(f"{side}: WRONG WORK: {r['generated_tokens']} tokens, {r['retrievals']} retrievals", flush=True)
+    computed = r.get("prompt_tokens_computed")
+    if computed is None and r.get("prompt_tokens_cached") is not None:
+        computed = r["prompt_tokens"] - r["prompt_tokens_cached"]
+    # The matrix multiplies the job needs at the least: every computed prompt token
+    # and every generated one through the layers, logits for generated tokens only
+    # (attention left out: the figure is a lower bound on the work done).
+    r["linear_flops"] = 2 * (linear_params * ((computed or r["prompt_tokens"]) + r["generated_tokens"])
+                             + head_params * r["generated_tokens"])
+    r["ceiling_share"] = r["linear_flops"] / r["wall"] / (ceiling * 1e9)
+    print(f"{side}: {r['wall']:.1f}s; {r['generated_tokens']} tokens generated, {r['retrievals']} retrievals; "
+          f"prompt tokens {r['prompt_tokens']}, computed {computed}, from cache {r.get('prompt_tokens_cached')}"
+          + (f"; {r['steps']} steps, mean batch {r['mean_batch']:.1f}, budget {r['budget']}" if "steps" in r else "")
+          + (f"; {r['rounds']} rounds" if "rounds" in r else "")
+          + (f"; planner {r['planner']}" + (f" ({r['policy_fallback']})" if r.get("policy_fallback") else "")
+             if "planner" in r else ""), flush=True)
+    print("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["time"].items())
+          + f"; layer FLOP/s {100 * r['ceiling_share']:.0f}% of the matmul ceiling", flush=True)
+    if "node_cpu" in r:
+        print("  CPU seconds during the job: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(
+            r["node_cpu"].items(), key=lambda kv: -kv[1])), flush=True)
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=".bench/w3", help="W3's data, written here if missing (model, passages, index)")
@@ -285,6 +330,7 @@ def main() -> int:
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--vllm-python", default=sys.executable, help="an interpreter that imports vllm and sentence_transformers")
     ap.add_argument("--worker-arg", action="append", help="passed to the cluster's worker (e.g. --worker-arg=--budget=4096)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every side this many times, in alternating order")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -312,50 +358,25 @@ def main() -> int:
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
           f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
-    results = {}
-    for side in args.sides.split(","):
-        python = args.vllm_python if side == "vllm-lockstep" else sys.executable
-        if side == "vllm-lockstep" and not (python_has(python, "vllm") and python_has(python, "sentence_transformers")):
-            print(f"{side}: {python} does not import vllm and sentence_transformers; skipped (see --vllm-python)")
-            continue
-        cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions)]
-        cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if proc.returncode or line is None:
-            print(f"{side}: failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", flush=True)
-            continue
-        r = results[side] = json.loads(line[len("RESULT "):])
-        same = r["generated_tokens"] == want["generated_tokens"] and r["retrievals"] == want["retrievals"]
-        if not same:
-            print(f"{side}: WRONG WORK: {r['generated_tokens']} tokens, {r['retrievals']} retrievals", flush=True)
-        computed = r.get("prompt_tokens_computed")
-        if computed is None and r.get("prompt_tokens_cached") is not None:
-            computed = r["prompt_tokens"] - r["prompt_tokens_cached"]
-        # The matrix multiplies the job needs at the least: every computed prompt token
-        # and every generated one through the layers, logits for generated tokens only
-        # (attention left out: the figure is a lower bound on the work done).
-        r["linear_flops"] = 2 * (linear_params * ((computed or r["prompt_tokens"]) + r["generated_tokens"])
-                                 + head_params * r["generated_tokens"])
-        r["ceiling_share"] = r["linear_flops"] / r["wall"] / (ceiling * 1e9)
-        print(f"{side}: {r['wall']:.1f}s; {r['generated_tokens']} tokens generated, {r['retrievals']} retrievals; "
-              f"prompt tokens {r['prompt_tokens']}, computed {computed}, from cache {r.get('prompt_tokens_cached')}"
-              + (f"; {r['steps']} steps, mean batch {r['mean_batch']:.1f}, budget {r['budget']}" if "steps" in r else "")
-              + (f"; {r['rounds']} rounds" if "rounds" in r else "")
-              + (f"; planner {r['planner']}" + (f" ({r['policy_fallback']})" if r.get("policy_fallback") else "")
-                 if "planner" in r else ""), flush=True)
-        print("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["time"].items())
-              + f"; layer FLOP/s {100 * r['ceiling_share']:.0f}% of the matmul ceiling", flush=True)
-        if "node_cpu" in r:
-            print("  CPU seconds during the job: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(
-                r["node_cpu"].items(), key=lambda kv: -kv[1])), flush=True)
-    if "shoal-cluster" in results:
-        s = results["shoal-cluster"]["wall"]
-        for peer in ("vllm-lockstep", "shoal-lockstep"):
-            if peer in results:
-                print(f"shoal-cluster vs {peer}: {results[peer]['wall'] / s:.2f}x faster", flush=True)
+    sides = args.sides.split(",")
+    rounds = []
+    for rnd in range(args.rounds):
+        if args.rounds > 1:
+            print(f"-- round {rnd + 1} of {args.rounds}", flush=True)
+        order = sides if rnd % 2 == 0 else sides[::-1]
+        rounds.append({side: r for side in order
+                       if (r := run_side(args, side, want, ceiling, linear_params, head_params)) is not None})
+    for peer in ("vllm-lockstep", "shoal-lockstep"):
+        ratios = [r[peer]["wall"] / r["shoal-cluster"]["wall"] for r in rounds if "shoal-cluster" in r and peer in r]
+        if len(ratios) == 1:
+            print(f"shoal-cluster vs {peer}: {ratios[0]:.2f}x faster", flush=True)
+        elif ratios:
+            print(f"shoal-cluster vs {peer}: {statistics.median(ratios):.2f}x faster (median of {len(ratios)} rounds: "
+                  + ", ".join(f"{x:.2f}x" for x in ratios) + ")", flush=True)
+    results = rounds[0]
     if args.json:
-        Path(args.json).write_text(json.dumps({"workload": want, "data": meta, "cpu": flags, "results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"workload": want, "data": meta, "cpu": flags, "results": results,
+                                               "rounds": rounds}, indent=2))
     return 0
 
 
