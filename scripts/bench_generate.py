@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from roofline import decode_cache_bytes, floor_seconds, memory_read_gbps  # noqa: E402
+from turned_rounds import format_ratio, per_round, run_rounds  # noqa: E402
 from workloads import w1  # noqa: E402
 
 
@@ -256,21 +257,6 @@ def run_system(args, name: str, work, model_params: int, ceiling: float, floor: 
     return r
 
 
-def per_round(rounds: list[dict], a: str, b: str, ratio) -> list[float]:
-    """ratio(a's figures, b's figures) in each round where both ran."""
-    return [ratio(r[a], r[b]) for r in rounds if a in r and b in r]
-
-
-def format_ratio(values: list[float], unit: str) -> str:
-    """One round's ratio, or the median of several with each round's."""
-    import statistics
-
-    fmt = (lambda v: f"{v:.2f}x") if unit == "x" else (lambda v: f"{100 * v:+.1f}%")
-    if len(values) == 1:
-        return fmt(values[0])
-    return f"{fmt(statistics.median(values))} (median of {len(values)} rounds: {', '.join(map(fmt, values))})"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".bench/model-small", help="made with --preset small if absent")
@@ -334,13 +320,8 @@ def main() -> None:
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]
     if "vllm" in args.peers and not has_vllm:
         print(f"vllm: not importable by {args.vllm_python}, skipped (see --vllm-python)")
-    rounds = []
-    for rnd in range(args.rounds):
-        if args.rounds > 1:
-            print(f"-- round {rnd + 1} of {args.rounds}", flush=True)
-        order = systems if rnd % 2 == 0 else systems[::-1]
-        rounds.append({name: r for name in order
-                       if (r := run_system(args, name, work, params, ceiling, floor, profile=rnd == 0)) is not None})
+    rounds = run_rounds(systems, args.rounds, lambda name, rnd: run_system(
+        args, name, work, params, ceiling, floor, profile=rnd == 0))
     results = rounds[0]
     for ours in ("shoal", "shoal-cluster"):
         for peer in ("vllm", "transformers"):

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -359,20 +358,15 @@ def main() -> int:
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
           f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
     sides = args.sides.split(",")
-    rounds = []
-    for rnd in range(args.rounds):
-        if args.rounds > 1:
-            print(f"-- round {rnd + 1} of {args.rounds}", flush=True)
-        order = sides if rnd % 2 == 0 else sides[::-1]
-        rounds.append({side: r for side in order
-                       if (r := run_side(args, side, want, ceiling, linear_params, head_params)) is not None})
+    sys.path.insert(0, str(HERE))
+    from turned_rounds import format_ratio, per_round, run_rounds
+
+    rounds = run_rounds(sides, args.rounds, lambda side, rnd: run_side(args, side, want, ceiling, linear_params,
+                                                                        head_params))
     for peer in ("vllm-lockstep", "shoal-lockstep"):
-        ratios = [r[peer]["wall"] / r["shoal-cluster"]["wall"] for r in rounds if "shoal-cluster" in r and peer in r]
-        if len(ratios) == 1:
-            print(f"shoal-cluster vs {peer}: {ratios[0]:.2f}x faster", flush=True)
-        elif ratios:
-            print(f"shoal-cluster vs {peer}: {statistics.median(ratios):.2f}x faster (median of {len(ratios)} rounds: "
-                  + ", ".join(f"{x:.2f}x" for x in ratios) + ")", flush=True)
+        ratios = per_round(rounds, peer, "shoal-cluster", lambda a, b: a["wall"] / b["wall"])
+        if ratios:
+            print(f"shoal-cluster vs {peer}: {format_ratio(ratios, 'x')} faster", flush=True)
     results = rounds[0]
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": want, "data": meta, "cpu": flags, "results": results,
