@@ -40,6 +40,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from turned_rounds import format_ratio, per_round, run_rounds  # noqa: E402
 SIDES = ("shoal-cluster", "vllm-lockstep", "shoal-lockstep")
 
 
@@ -264,7 +267,6 @@ def roofline(model: Path, dtype: str) -> tuple[float, int, int]:
     """The machine's matrix-multiply throughput in `dtype` (GFLOP/s, measured now, as
     bench_generate.py measures it) and the decoder's parameters in its layers and in
     its output projection."""
-    sys.path.insert(0, str(HERE))
     from bench_generate import matmul_gflops
 
     from shoal.nodes.worker.cpu_threads import cores_owned
@@ -285,9 +287,6 @@ def python_has(python: str, module: str) -> bool:
 def run_side(args, side: str, want: dict, ceiling: float, linear_params: int, head_params: int) -> dict | None:
     """One run of `side` in a fresh process; prints its lines and returns its figures."""
     python = args.vllm_python if side == "vllm-lockstep" else sys.executable
-    if side == "vllm-lockstep" and not (python_has(python, "vllm") and python_has(python, "sentence_transformers")):
-        print(f"{side}: {python} does not import vllm and sentence_transformers; skipped (see --vllm-python)")
-        return None
     cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions)]
     cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -358,9 +357,11 @@ def main() -> int:
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
           f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
     sides = args.sides.split(",")
-    sys.path.insert(0, str(HERE))
-    from turned_rounds import format_ratio, per_round, run_rounds
-
+    if "vllm-lockstep" in sides and not (python_has(args.vllm_python, "vllm")
+                                         and python_has(args.vllm_python, "sentence_transformers")):
+        print(f"vllm-lockstep: {args.vllm_python} does not import vllm and sentence_transformers; skipped "
+              f"(see --vllm-python)")
+        sides.remove("vllm-lockstep")
     rounds = run_rounds(sides, args.rounds, lambda side, rnd: run_side(args, side, want, ceiling, linear_params,
                                                                         head_params))
     for peer in ("vllm-lockstep", "shoal-lockstep"):
