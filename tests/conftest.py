@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Engines here (and in the node processes tests start, which inherit this) leave their
+# KV cache uncommitted until written: hundreds of engines each committing its whole
+# cache at start would cost the suite minutes and gigabytes. test_huge_pages.py checks
+# the prefault itself.
+os.environ.setdefault("SHOAL_KV_PREFAULT", "0")
 
 
 def _make(tmp_path_factory, name, **kw):
@@ -50,8 +58,6 @@ def small_shaped_model(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def isolated_state_dir(tmp_path_factory):
     """Calibration caches and other node state go to a per-session folder, not $HOME."""
-    import os
-
     path = tmp_path_factory.mktemp("shoal-state")
     old = os.environ.get("SHOAL_STATE_DIR")
     os.environ["SHOAL_STATE_DIR"] = str(path)

@@ -78,7 +78,7 @@ class LLMEngine:
         num_blocks = config.num_blocks or max(1, min(
             useful, config.kv_cache_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)))
         self.blocks = BlockManager(num_blocks, config.block_size)
-        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype)
+        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype, prefault=config.kv_prefault)
         kernel = None
         if config.attention == "native":
             from shoal.nodes.worker.kernels import native_ops

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from shoal.nodes.worker import huge_pages
 from shoal.nodes.worker.models.config import DecoderConfig
+
+log = logging.getLogger(__name__)
 
 
 def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
@@ -13,17 +18,28 @@ def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
 
 
 class KVCache:
-    def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype):
+    def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 prefault: bool = False):
         self.block_size = block_size
         self.num_blocks = num_blocks
         slots = num_blocks * block_size
-        # Uninitialized, not zeros: memory is committed only as blocks are first written
-        # (peak RSS on W1 went from 2.9 GB to what its sequences use). No path reads a
-        # slot before it is written: the kernel reads each span's own tokens, and the
-        # reference path pads with a sequence's first token (model_runner.py). On 2 MB
-        # pages where the OS has them (huge_pages.py).
+        # Allocated uninitialized: no path reads a slot before it is written (the kernel
+        # reads each span's own tokens, the reference path pads with a sequence's first
+        # token, model_runner.py). On 2 MB pages where the OS has them (huge_pages.py).
         shape = (2, slots, cfg.num_kv_heads, cfg.head_dim)
         self.layers = [huge_pages.empty(shape, dtype) for _ in range(cfg.num_layers)]
+        if prefault:
+            # One write over all of it now, so that no step pays a page's first write
+            # (EngineConfig.kv_prefault); without it memory is committed as blocks are
+            # first written.
+            t = time.perf_counter()
+            for layer in self.layers:
+                layer.zero_()
+            log.info("[kv-cache] %.2f GiB committed in %.1f s", self.nbytes / (1 << 30), time.perf_counter() - t)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
 
     def slots_of(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         """Cache slots of token positions [start, end) of a sequence."""

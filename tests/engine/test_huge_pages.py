@@ -54,3 +54,33 @@ def test_kv_cache_round_trips_on_its_pages(tiny_model):
     kv = torch.randn(cfg.num_layers, 2, 20, cfg.num_kv_heads, cfg.head_dim)
     cache.write([7, 3], kv)
     assert torch.equal(cache.read([7, 3], 20), kv)
+
+
+def resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * mmap.PAGESIZE
+
+
+def test_prefault_commits_the_cache_at_start_and_only_when_asked(tiny_model):
+    cfg = load_decoder_config(tiny_model)
+    blocks = 8192  # the tiny model's fp32 K/V: 512 bytes a token, 64 MiB in all
+    before = resident_bytes()
+    lazy = KVCache(cfg, num_blocks=blocks, block_size=16, dtype=torch.float32)
+    assert resident_bytes() - before < lazy.nbytes // 4  # nothing written: nothing committed
+    before = resident_bytes()
+    eager = KVCache(cfg, num_blocks=blocks, block_size=16, dtype=torch.float32, prefault=True)
+    assert eager.nbytes == 64 << 20
+    assert resident_bytes() - before >= 0.9 * eager.nbytes
+    kv = torch.randn(cfg.num_layers, 2, 20, cfg.num_kv_heads, cfg.head_dim)
+    eager.write([5, 9], kv)
+    assert torch.equal(eager.read([5, 9], 20), kv)
+
+
+def test_engine_prefault_default_follows_the_environment(monkeypatch):
+    from shoal.nodes.worker.engine_config import EngineConfig
+
+    monkeypatch.setenv("SHOAL_KV_PREFAULT", "0")
+    assert EngineConfig().kv_prefault is False
+    monkeypatch.setenv("SHOAL_KV_PREFAULT", "1")
+    assert EngineConfig().kv_prefault is True
+    monkeypatch.delenv("SHOAL_KV_PREFAULT")
+    assert EngineConfig().kv_prefault is True and EngineConfig(kv_prefault=False).kv_prefault is False
