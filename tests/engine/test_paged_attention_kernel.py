@@ -125,6 +125,14 @@ def test_kernel_long_contexts(kernel, dtype):
     assert (out[decode_rows] - want[decode_rows]).abs().max().item() < tolerance(kernel, dtype, 64)
 
 
+def test_kernel_long_prefill_chunks_at_head_dim_128(kernel):
+    """Prefill chunks past one softmax segment (1,024 keys) at head dim 128, whose AMX
+    tiles hold Q differently from head dim 64's."""
+    rng = random.Random(3)
+    out, want, row = random_case(rng, kernel, torch.bfloat16, [(48, 2100), (1100, 1100)], 16, 8, 2, 128)
+    assert (out[:row] - want[:row]).abs().max().item() < tolerance(kernel, torch.bfloat16, 128)
+
+
 def test_kernel_rejects_bad_metadata(kernel):
     q = torch.randn(2, 4, 64)
     cache = torch.randn(32, 2, 64)
