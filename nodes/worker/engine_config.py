@@ -14,8 +14,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
     # 4 GiB, as vLLM's CPU recipe sets it: 350k tokens of W1's model in bf16, so that
-    # sequences waiting on a retrieval keep their prefix for the next hop (committed as
-    # blocks are written: an idle cache costs no memory).
+    # sequences waiting on a retrieval keep their prefix for the next hop.
     kv_cache_bytes: int = 4 << 30
     # Commit the cache's memory at start (one write over it), as vLLM does by zeroing its
     # cache: otherwise prefill steps pay for each fresh page's first write, which on the

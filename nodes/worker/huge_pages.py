@@ -5,7 +5,8 @@ of it: on 4 KB pages nearly every block costs a TLB miss and a page walk, and a 
 step's first write to fresh blocks takes a page fault per 4 KB. Asked for 2 MB pages
 (`madvise(MADV_HUGEPAGE)`, honoured where transparent huge pages are `always` or
 `madvise`, the common default), the same memory costs 512 times fewer of both.
-Memory is still committed only where it is first written, in 2 MB steps. Anywhere the
+Memory is still committed only where it is first written, in 2 MB steps (the engine
+writes the whole cache at start unless told not to: `EngineConfig.kv_prefault`). Anywhere the
 advice is unknown or refused, this is `torch.empty`.
 """
 

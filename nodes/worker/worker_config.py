@@ -37,7 +37,8 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="the encoder's compute dtype (vectors are stored as the job asks)")
     ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
-                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse)")
+                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse); "
+                         "committed when the worker starts (SHOAL_KV_PREFAULT=0: as blocks are first written)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")
