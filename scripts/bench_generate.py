@@ -199,7 +199,15 @@ def run_vllm(args, work) -> dict:
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.output_lens]
     t = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in work.prompts], params)
-    return {"wall": time.perf_counter() - t, "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+    res = {"wall": time.perf_counter() - t, "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
+    # vLLM runs its engine (weights, KV cache) in a child process: shut down and reaped,
+    # its peak counts under RUSAGE_CHILDREN. Both live at once, so the two peaks add.
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    res["peak_rss_mb"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                          + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    return res
 
 
 RUNNERS = {"shoal": run_shoal, "shoal-cluster": run_shoal_cluster, "transformers": run_transformers, "vllm": run_vllm}
