@@ -84,3 +84,19 @@ def test_engine_prefault_default_follows_the_environment(monkeypatch):
     assert EngineConfig().kv_prefault is True
     monkeypatch.delenv("SHOAL_KV_PREFAULT")
     assert EngineConfig().kv_prefault is True and EngineConfig(kv_prefault=False).kv_prefault is False
+
+
+def test_an_engine_with_its_cache_committed_generates_the_same(tiny_model):
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.sampling import SamplingParams
+
+    outs = []
+    for prefault in (True, False):
+        eng = LLMEngine(tiny_model, EngineConfig(kv_prefault=prefault, kv_cache_bytes=64 << 20, policy="mb"))
+        for i, n in enumerate((5, 40, 130)):
+            eng.add_request(i, prompt_token_ids=list(range(1, n + 1)), params=SamplingParams(max_tokens=12, ignore_eos=True))
+        done = []
+        while eng.has_unfinished():
+            done += eng.step()
+        outs.append(sorted((o.seq_id, o.token_ids) for o in done))
+    assert outs[0] == outs[1] and all(len(t) == 12 for _, t in outs[0])
