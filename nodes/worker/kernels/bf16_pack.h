@@ -5,16 +5,37 @@
 //   K: [block of 16 keys][dim pair][16 keys][2]  16 dim pairs x 16 keys: an AMX B tile
 //   V: [key pair][dim][2]                          16 key pairs x 16 dims: an AMX B tile
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 namespace shoal {
 
 constexpr int64_t PACK_KEYS = 64;  // the AMX tile's Q K^T block; the AVX-512 softmax block takes halves
 
+// Memory on 64-byte (cache line) boundaries. malloc gives 16: a tile's 64-byte rows and
+// a vector's 64-byte loads then each straddle two lines, and how a buffer happened to
+// fall moved the AMX prefill kernel by 20% between two builds of the same source.
+template <class T>
+struct Align64 {
+  using value_type = T;
+  Align64() = default;
+  template <class U>
+  Align64(const Align64<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const Align64<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const Align64<U>&) const { return false; }
+};
+template <class T>
+using AlignedVec = std::vector<T, Align64<T>>;
+
 struct Packed {
-  std::vector<uint32_t> k;  // [ctx_pad / 16][D / 2][16]
-  std::vector<uint32_t> v;  // [ctx_pad / 2][D]
+  AlignedVec<uint32_t> k;  // [ctx_pad / 16][D / 2][16]
+  AlignedVec<uint32_t> v;  // [ctx_pad / 2][D]
 };
 
 // AMX tiles (prefill_amx.cpp): whether this CPU and kernel let this process use them

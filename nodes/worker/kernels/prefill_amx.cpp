@@ -91,8 +91,9 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
   constexpr int64_t D = NQ * 32, DP = D / 2, NO = D / 16;
   static_assert(NO % 4 == 0, "outputs go 4 tiles (64 dims) at a time");
   const int64_t RG = R * G, groups = (RG + M - 1) / M, base = ctx - len;
-  std::vector<c10::BFloat16> qa(groups * M * D, c10::BFloat16(0.f));  // bf16 queries, one row-head per row
-  std::vector<float> acc(groups * M * D, 0.f), l(RG);
+  shoal::AlignedVec<c10::BFloat16> qa(groups * M * D, c10::BFloat16(0.f));  // bf16 queries, one row-head per row
+  shoal::AlignedVec<float> acc(groups * M * D, 0.f);
+  std::vector<float> l(RG);
   std::vector<int64_t> seen(groups * M, 0);  // keys each row-head sees
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
@@ -101,8 +102,8 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
         shoal::store_vec(qa.data() + (r * G + g) * D + d, shoal::Vec::loadu(src + d));
       seen[r * G + g] = base + i0 + r + 1;
     }
-  thread_local std::vector<float> sc(M * SC_STRIDE);      // a group's scores for the segment, row-major
-  thread_local std::vector<uint16_t> pb(M * PB_STRIDE);   // their probabilities, bf16
+  thread_local shoal::AlignedVec<float> sc(M * SC_STRIDE);      // a group's scores for the segment, row-major
+  thread_local shoal::AlignedVec<uint16_t> pb(M * PB_STRIDE);   // their probabilities, bf16
   float m[M], cr[M];  // per row-head: running maximum, this segment's rescale
   __m512 lsum[M];
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);

@@ -112,12 +112,13 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
                      int64_t R, int64_t h, int64_t G, int64_t H, float scale, float* out) {
   constexpr int64_t D = NV * 16, DP = D / 2;
   const int64_t RG = R * G, base = ctx - len, nmax = base + i0 + R;
-  std::vector<uint32_t> qp((RG + RB) * DP, 0u);  // bf16 pairs of each row-head's query
-  std::vector<float> acc(RG * D, 0.f), m(RG, NEG_INF), l(RG);
+  shoal::AlignedVec<uint32_t> qp((RG + RB) * DP, 0u);  // bf16 pairs of each row-head's query
+  shoal::AlignedVec<float> acc(RG * D, 0.f);
+  std::vector<float> m(RG, NEG_INF), l(RG);
   // Each row-head's softmax sum, lane by lane: summed across lanes once, at the end
   // (a horizontal sum per block and row-head was a fifth of the tile's time).
   std::vector<__m512> lsum(RG, _mm512_setzero_ps());
-  std::vector<uint32_t> pp((RG + RBV) * (KB / 2), 0u);  // bf16 pairs of each row-head's probabilities
+  shoal::AlignedVec<uint32_t> pp((RG + RBV) * (KB / 2), 0u);  // bf16 pairs of each row-head's probabilities
   std::vector<int64_t> seen(RG);  // keys row-head rh sees
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
