@@ -53,8 +53,9 @@ constexpr int64_t SEG = 1024;             // keys per softmax pass: a group's sc
 static_assert(SEG % KB == 0, "a segment is whole blocks");
 // Row strides of the score and probability buffers, one cache line past a power of two:
 // at 4 KB (scores) or 2 KB (probabilities) apart, a tile's 16 rows fall in one or two
-// L1 sets, and storing the score tiles alone took 60% of a kernel stripped of its
-// arithmetic (the whole kernel, Q resident and rows padded: 4-6% faster on W3-shaped chunks).
+// L1 sets, and storing the score tiles took 60% of a kernel stripped of its arithmetic.
+// (What padding and the resident Q gained on their own, 4-6% by one comparison, is
+// within how much buffer alignment alone moved the kernel; see bf16_pack.h's Align64.)
 constexpr int64_t SC_STRIDE = SEG + 16;  // floats
 constexpr int64_t PB_STRIDE = SEG + 32;  // bf16
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
@@ -130,19 +131,25 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
         _tile_zero(2);
         _tile_zero(3);
         if constexpr (NQ == 2) {
-          // K tiles into tmm4 and tmm5 in turn: a load into the register the previous
-          // product still reads would wait for it (tile registers are not renamed).
-          for (int c = 0; c < 2; ++c) {
-            const uint32_t* kc = kblk + 16 * c * 16;  // dim pairs 16 c .. 16 c + 15 of the first 16 keys
-            _tile_loadd(4, kc, 64);
-            if (c == 0) _tile_dpbf16ps(0, 6, 4); else _tile_dpbf16ps(0, 7, 4);
-            _tile_loadd(5, kc + DP * 16, 64);
-            if (c == 0) _tile_dpbf16ps(1, 6, 5); else _tile_dpbf16ps(1, 7, 5);
-            _tile_loadd(4, kc + 2 * DP * 16, 64);
-            if (c == 0) _tile_dpbf16ps(2, 6, 4); else _tile_dpbf16ps(2, 7, 4);
-            _tile_loadd(5, kc + 3 * DP * 16, 64);
-            if (c == 0) _tile_dpbf16ps(3, 6, 5); else _tile_dpbf16ps(3, 7, 5);
-          }
+          // Dims 0-31 (Q in tmm6), then 32-63 (tmm7); K tiles into tmm4 and tmm5 by turns:
+          // a load into the register the previous product still reads would wait for it.
+          const uint32_t* k1 = kblk + 16 * 16;  // dim pairs 16-31 of the block's first 16 keys
+          _tile_loadd(4, kblk, 64);
+          _tile_dpbf16ps(0, 6, 4);
+          _tile_loadd(5, kblk + DP * 16, 64);
+          _tile_dpbf16ps(1, 6, 5);
+          _tile_loadd(4, kblk + 2 * DP * 16, 64);
+          _tile_dpbf16ps(2, 6, 4);
+          _tile_loadd(5, kblk + 3 * DP * 16, 64);
+          _tile_dpbf16ps(3, 6, 5);
+          _tile_loadd(4, k1, 64);
+          _tile_dpbf16ps(0, 7, 4);
+          _tile_loadd(5, k1 + DP * 16, 64);
+          _tile_dpbf16ps(1, 7, 5);
+          _tile_loadd(4, k1 + 2 * DP * 16, 64);
+          _tile_dpbf16ps(2, 7, 4);
+          _tile_loadd(5, k1 + 3 * DP * 16, 64);
+          _tile_dpbf16ps(3, 7, 5);
         } else {
           for (int c = 0; c < NQ; ++c) {
             _tile_loadd(4, qa.data() + first * D + c * 32, D * 2);
