@@ -133,23 +133,21 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
         if constexpr (NQ == 2) {
           // Dims 0-31 (Q in tmm6), then 32-63 (tmm7); K tiles into tmm4 and tmm5 by turns:
           // a load into the register the previous product still reads would wait for it.
-          const uint32_t* k1 = kblk + 16 * 16;  // dim pairs 16-31 of the block's first 16 keys
-          _tile_loadd(4, kblk, 64);
-          _tile_dpbf16ps(0, 6, 4);
-          _tile_loadd(5, kblk + DP * 16, 64);
-          _tile_dpbf16ps(1, 6, 5);
-          _tile_loadd(4, kblk + 2 * DP * 16, 64);
-          _tile_dpbf16ps(2, 6, 4);
-          _tile_loadd(5, kblk + 3 * DP * 16, 64);
-          _tile_dpbf16ps(3, 6, 5);
-          _tile_loadd(4, k1, 64);
-          _tile_dpbf16ps(0, 7, 4);
-          _tile_loadd(5, k1 + DP * 16, 64);
-          _tile_dpbf16ps(1, 7, 5);
-          _tile_loadd(4, k1 + 2 * DP * 16, 64);
-          _tile_dpbf16ps(2, 7, 4);
-          _tile_loadd(5, k1 + 3 * DP * 16, 64);
-          _tile_dpbf16ps(3, 7, 5);
+          // QK_HALF(q, kc): one half's four score tiles from Q in tile q and K dims at kc.
+#define QK_HALF(QT, KC)                                  \
+  do {                                                   \
+    _tile_loadd(4, (KC), 64);                            \
+    _tile_dpbf16ps(0, QT, 4);                            \
+    _tile_loadd(5, (KC) + DP * 16, 64);                  \
+    _tile_dpbf16ps(1, QT, 5);                            \
+    _tile_loadd(4, (KC) + 2 * DP * 16, 64);              \
+    _tile_dpbf16ps(2, QT, 4);                            \
+    _tile_loadd(5, (KC) + 3 * DP * 16, 64);              \
+    _tile_dpbf16ps(3, QT, 5);                            \
+  } while (0)
+          QK_HALF(6, kblk);            // dims 0-31
+          QK_HALF(7, kblk + 16 * 16);  // dims 32-63: dim pairs 16-31 of the block's first 16 keys
+#undef QK_HALF
         } else {
           for (int c = 0; c < NQ; ++c) {
             _tile_loadd(4, qa.data() + first * D + c * 32, D * 2);
