@@ -199,3 +199,33 @@ def test_unwritten_cache_slots_are_never_read(tiny_model):
         want = [o.token_ids for o in clean.generate(prompts, params)]
         got = [o.token_ids for o in dirty.generate(prompts, params)]
         assert got == want, f"{attention}: a NaN from an unwritten slot reached the output"
+
+
+def test_decode_never_reads_past_its_context(kernel, bf16_path):
+    """Decode rows of W1's head shape (12 query heads, 4 KV heads of 64 dims, blocks of
+    16: where AMX scores 16 cache rows at a time, the unwritten rows of a sequence's last
+    block among them), with NaN in every slot past each context: the outputs are finite
+    and those of a cache with zeros there."""
+    H, KVH, D, bs = 12, 4, 64, 16
+    contexts = [1, 15, 16, 17, 100, 283, 1029]
+    tables = torch.tensor([[i * 70 + b for b in range(65)] for i in range(len(contexts))])
+    g = torch.Generator().manual_seed(7)
+    k_cache = (torch.randn(70 * len(contexts) * bs, KVH, D, generator=g) * 2).to(torch.bfloat16)
+    v_cache = torch.randn(70 * len(contexts) * bs, KVH, D, generator=g).to(torch.bfloat16)
+    for i, c in enumerate(contexts):  # the slots of each sequence's blocks past its context
+        past = torch.arange(i * 70 * bs + c, (i + 1) * 70 * bs)
+        k_cache[past] = v_cache[past] = 0
+    q = torch.randn(len(contexts), H, D, generator=g)
+    rows = torch.arange(len(contexts))
+    lens, ctx = torch.ones(len(contexts), dtype=torch.long), torch.tensor(contexts)
+    clean = torch.empty_like(q)
+    kernel.paged_attention(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, clean)
+    for i, c in enumerate(contexts):
+        past = torch.arange(i * 70 * bs + c, (i + 1) * 70 * bs)
+        k_cache[past] = v_cache[past] = float("nan")
+    dirty = torch.empty_like(q)
+    kernel.paged_attention(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, dirty)
+    assert torch.isfinite(dirty).all(), f"{bf16_path}: a NaN past a context reached the output"
+    assert torch.equal(dirty, clean)
+    want = reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5)
+    assert (dirty - want).abs().max().item() < tolerance(kernel, torch.bfloat16, D)
