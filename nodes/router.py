@@ -18,7 +18,7 @@ import orjson
 
 from shoal.transport.async_rpc import AsyncRpcClient
 from shoal.nodes.async_node import AsyncNode
-from shoal.nodes.leader import Election
+from shoal.nodes.leader import LeaderView
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.data_roots import DataRoots
 from shoal.nodes.membership import MemberView
@@ -42,7 +42,7 @@ class RouterNode(AsyncNode):
         self.data_roots = DataRoots(data_roots or [])
         self.view = MemberView(etcd, cluster).start()
         self.addresses = AddressBook(self.view)  # to name a node that does not answer
-        self.leader = Election(etcd, cluster, node_id)  # only to read who leads
+        self.leader = LeaderView(etcd, cluster).start()  # who leads, from a watch
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keys_path = self.dir / "job_keys.jsonl"
@@ -129,7 +129,7 @@ class RouterNode(AsyncNode):
             raise ProtocolError(ProtocolError.UNAVAILABLE, f"{self.addresses.name(address)} did not answer {msg.type}") from None
 
     async def _scheduler(self) -> str:
-        leader, _ = await asyncio.to_thread(self.leader.current)  # an etcd read: off the loop
+        leader, _ = self.leader.current()
         member = self.view.snapshot("scheduler").get(leader) if leader else None
         if member is None:
             if not self.view.snapshot("scheduler"):
@@ -194,6 +194,7 @@ class RouterNode(AsyncNode):
             self.status_page.close()
         self.keys_file.close()
         self.view.stop()
+        self.leader.stop()
         super().close()
 
 

@@ -142,10 +142,7 @@ class StatusPage:
 
     async def _nodes(self) -> list[dict]:
         members = sorted(self.router.view.snapshot().values(), key=lambda m: (m.role, m.node_id))
-        try:
-            leader, _ = await asyncio.to_thread(self.router.leader.current)
-        except Exception:
-            leader = None
+        leader, _ = self.router.leader.current()
 
         async def one(m) -> dict:
             try:
