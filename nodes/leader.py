@@ -127,8 +127,10 @@ class LeaderView:
     (leadership can change just after either): a stepped-down leader refuses what
     reaches it (NOT_LEADER) and the client retries."""
 
-    def __init__(self, endpoint: str, cluster: str):
-        self.client = connect(endpoint)
+    def __init__(self, endpoint: str, cluster: str, client=None):
+        """`client`: an etcd client to share (e.g. a MemberView's): its watches share one
+        stream and its threads, each of which wakes ~10 times a second while it waits."""
+        self.client = client or connect(endpoint)
         self.key = leader_key(cluster)
         self._leader: tuple[str | None, int] = (None, 0)
         self._watch_id = None

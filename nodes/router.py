@@ -42,7 +42,7 @@ class RouterNode(AsyncNode):
         self.data_roots = DataRoots(data_roots or [])
         self.view = MemberView(etcd, cluster).start()
         self.addresses = AddressBook(self.view)  # to name a node that does not answer
-        self.leader = LeaderView(etcd, cluster).start()  # who leads, from a watch
+        self.leader = LeaderView(etcd, cluster, client=self.view.client).start()  # who leads, from a watch
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keys_path = self.dir / "job_keys.jsonl"
