@@ -229,3 +229,41 @@ def test_decode_never_reads_past_its_context(kernel, bf16_path):
     assert torch.equal(dirty, clean)
     want = reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5)
     assert (dirty - want).abs().max().item() < tolerance(kernel, torch.bfloat16, D)
+
+
+def test_bf16_output_is_the_fp32_output_rounded(kernel, bf16_path):
+    """The kernel writes a bf16 output (what a bf16 model's o projection takes) as its
+    fp32 output rounded to nearest even, element for element, on every path: decode
+    rows and cached-prefix prefill chunks, fp32 and bf16 caches."""
+    rng = random.Random(8)
+    for dtype, (H, KVH, D, bs) in [(torch.bfloat16, (12, 4, 64, 16)), (torch.float32, (8, 2, 32, 4)),
+                                   (torch.bfloat16, (8, 2, 128, 16))]:
+        if not kernel.supports_head_dim(D):
+            continue
+        spans = [(1, 300), (1, 17), (40, 700), (130, 130)]
+        out32, want, row = random_case(random.Random(rng.randrange(1 << 30)), kernel, dtype, spans, bs, H, KVH, D)
+        seed = rng.randrange(1 << 30)
+        g = torch.Generator().manual_seed(seed)
+        need = sum(-(-c // bs) for _, c in spans)
+        tables = torch.randperm(2 * need, generator=g)[:need]
+        t = torch.zeros(len(spans), max(-(-c // bs) for _, c in spans), dtype=torch.long)
+        o = 0
+        for s, (_, c) in enumerate(spans):
+            t[s, : -(-c // bs)] = tables[o : o + -(-c // bs)]
+            o += -(-c // bs)
+        q = torch.randn(sum(n for n, _ in spans), H, D, generator=g)
+        k_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(dtype)
+        v_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(dtype)
+        rows = torch.tensor([sum(n for n, _ in spans[:i]) for i in range(len(spans))])
+        lens, ctx = torch.tensor([n for n, _ in spans]), torch.tensor([c for _, c in spans])
+        f32 = torch.empty_like(q)
+        b16 = torch.empty(q.shape, dtype=torch.bfloat16)
+        kernel.paged_attention(q, k_cache, v_cache, t, rows, lens, ctx, bs, D**-0.5, f32)
+        kernel.paged_attention(q, k_cache, v_cache, t, rows, lens, ctx, bs, D**-0.5, b16)
+        assert torch.equal(b16, f32.to(torch.bfloat16)), f"{bf16_path} {dtype} H={H} KVH={KVH} D={D}"
+        assert (out32[:row] - want[:row]).abs().max().item() < tolerance(kernel, dtype, D)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        q = torch.randn(1, 2, 32)
+        kernel.paged_attention(q, torch.zeros(4, 1, 32), torch.zeros(4, 1, 32), torch.zeros(1, 1, dtype=torch.long),
+                               torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), 4, 1.0,
+                               torch.empty(1, 2, 32, dtype=torch.float16))

@@ -10,6 +10,8 @@
 #include <new>
 #include <vector>
 
+#include "vec_io.h"
+
 namespace shoal {
 
 constexpr int64_t PACK_KEYS = 64;  // the AMX tile's Q K^T block; the AVX-512 softmax block takes halves
@@ -45,6 +47,6 @@ bool amx_available(int64_t D);
 // Rows [i0, i0 + R) of a span (its first q row `row0`, `len` rows, context `ctx`), the
 // G query heads of KV head h, by AMX tiles; q and out fp32 [T, H, D].
 void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
-              int64_t h, int64_t G, int64_t H, int64_t D, float scale, float* out);
+              int64_t h, int64_t G, int64_t H, int64_t D, float scale, OutRows out);
 
 }  // namespace shoal

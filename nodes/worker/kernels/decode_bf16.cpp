@@ -78,7 +78,7 @@ struct DecodeBf16 {
   std::vector<__m512bh> q;                    // [H][NZ] the query, bf16 pairs
 
   SHOAL_BF16 void run(const float* qrow, const uint16_t* kc, const uint16_t* vc, const int64_t* table, int64_t n,
-                      float* orow, int64_t H, int64_t KVH, int64_t bs, float scale) {
+                      shoal::OutRows orow, int64_t H, int64_t KVH, int64_t bs, float scale) {
     const int64_t G = H / KVH, stride = KVH * D, npad = (n + 31) / 32 * 32, row_bytes = stride * 2;
     zero.assign(stride, 0);
     krows.resize(npad + 16);
@@ -171,7 +171,7 @@ struct DecodeBf16 {
       const float inv = 1.f / l[hq];
       for (int c = 0; c < 2 * NZ; ++c) {
         _mm512_store_ps(buf, _mm512_mul_ps(acc[hq * 2 * NZ + c], _mm512_set1_ps(inv)));
-        for (int j = 0; j < 16; ++j) orow[hq * D + 32 * (c / 2) + 8 * (j / 4) + 4 * (c % 2) + j % 4] = buf[j];
+        for (int j = 0; j < 16; ++j) orow.set(hq * D + 32 * (c / 2) + 8 * (j / 4) + 4 * (c % 2) + j % 4, buf[j]);
       }
     }
   }
@@ -179,7 +179,7 @@ struct DecodeBf16 {
 
 template <int NZ>
 void run_all(const float* q, const uint16_t* kc, const uint16_t* vc, const int64_t* tables, const int64_t* rows,
-             const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H, int64_t KVH, int64_t max_blocks,
+             const int64_t* lens, const int64_t* ctx, shoal::OutRows out, int64_t S, int64_t H, int64_t KVH, int64_t max_blocks,
              int64_t bs, float scale) {
   constexpr int64_t D = NZ * 32;
   std::vector<int64_t> spans;
@@ -190,7 +190,7 @@ void run_all(const float* q, const uint16_t* kc, const uint16_t* vc, const int64
   shoal::dynamic_for(spans.size(), [&](int64_t i) {
     const int64_t s = spans[i], tid = at::get_thread_num();
     if (!workers[tid]) workers[tid] = std::make_unique<DecodeBf16<NZ>>();
-    workers[tid]->run(q + rows[s] * H * D, kc, vc, tables + s * max_blocks, ctx[s], out + rows[s] * H * D, H, KVH,
+    workers[tid]->run(q + rows[s] * H * D, kc, vc, tables + s * max_blocks, ctx[s], out.at(rows[s] * H * D), H, KVH,
                       bs, scale);
   });
 }
@@ -200,7 +200,7 @@ void run_all(const float* q, const uint16_t* kc, const uint16_t* vc, const int64
 // Every span of one row, as paged_attention() describes spans; q and out are fp32
 // [T, H, D], the cache bf16 [slots, KVH, D].
 void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
-                 const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
+                 const int64_t* rows, const int64_t* lens, const int64_t* ctx, shoal::OutRows out, int64_t S, int64_t H,
                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale) {
   const auto* kc = reinterpret_cast<const uint16_t*>(k_cache);
   const auto* vc = reinterpret_cast<const uint16_t*>(v_cache);
@@ -214,6 +214,6 @@ void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat
 #else  // narrower builds: never chosen
 
 void decode_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
-                 const int64_t*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float) {}
+                 const int64_t*, const int64_t*, shoal::OutRows, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float) {}
 
 #endif

@@ -32,6 +32,7 @@ using shoal::VS;
 using shoal::hmax;
 using shoal::hsum;
 using shoal::load_vec;
+using shoal::OutRows;
 
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int VREGS = 32;  // vector registers the compiler can keep values in
@@ -50,7 +51,7 @@ struct DecodeRow {
   std::vector<float> qs, acc, scores, m, l;
   DecodeRow(int64_t H, int64_t block_size) : qs(H * D), acc(H * D), scores(H * block_size), m(H), l(H) {}
 
-  void run(const float* qrow, const T* k_cache, const T* v_cache, const int64_t* table, int64_t n, float* orow,
+  void run(const float* qrow, const T* k_cache, const T* v_cache, const int64_t* table, int64_t n, OutRows orow,
            int64_t H, int64_t KVH, int64_t block_size, float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D;
     for (int64_t j = 0; j < H * D; ++j) qs[j] = qrow[j] * scale;
@@ -110,7 +111,7 @@ struct DecodeRow {
     }
     for (int64_t hq = 0; hq < H; ++hq) {
       const float inv = 1.f / l[hq];
-      for (int64_t d = 0; d < D; ++d) orow[hq * D + d] = acc[hq * D + d] * inv;
+      for (int64_t d = 0; d < D; ++d) orow.set(hq * D + d, acc[hq * D + d] * inv);
     }
   }
 };
@@ -140,7 +141,7 @@ struct PrefillTile {
 
   // Rows [i0, i0 + R) of a span of `len` rows starting at q row `row0`, context `ctx`.
   void run(const float* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t row0, int64_t len,
-           int64_t ctx, int64_t i0, int64_t R, int64_t h, float* out, int64_t H, int64_t KVH, int64_t block_size,
+           int64_t ctx, int64_t i0, int64_t R, int64_t h, OutRows out, int64_t H, int64_t KVH, int64_t block_size,
            float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D, RG = R * G;
     const int64_t base = ctx - len;  // row i sees base + i + 1 tokens
@@ -244,7 +245,7 @@ struct PrefillTile {
 
 template <typename T, int NV>
 static void attention_impl(const float* q, const T* k_cache, const T* v_cache, const int64_t* tables,
-                           const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out,
+                           const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out,
                            int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
                            float scale) {
   // Tasks: prefill tiles first (the costliest, latest rows first, so the dynamic queue
@@ -273,7 +274,7 @@ static void attention_impl(const float* q, const T* k_cache, const T* v_cache, c
     if (task.h < 0) {
       if (!decoders[tid]) decoders[tid] = std::make_unique<DecodeRow<T, NV>>(H, block_size);
       decoders[tid]->run(q + rows[s] * H * DecodeRow<T, NV>::D, k_cache, v_cache, table, ctx[s],
-                         out + rows[s] * H * DecodeRow<T, NV>::D, H, KVH, block_size, scale);
+                         out.at(rows[s] * H * DecodeRow<T, NV>::D), H, KVH, block_size, scale);
     } else {
       if (!tilers[tid]) tilers[tid] = std::make_unique<PrefillTile<T, NV>>(H / KVH);
       const int64_t R = std::min(TILE_ROWS, lens[s] - task.i0);
@@ -285,7 +286,7 @@ static void attention_impl(const float* q, const T* k_cache, const T* v_cache, c
 
 template <typename T>
 static void dispatch_head_dim(int64_t D, const float* q, const T* k, const T* v, const int64_t* tables,
-                              const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out,
+                              const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out,
                               int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
                               float scale) {
   switch (D / VS) {
@@ -309,10 +310,10 @@ int64_t vector_width() { return VS; }
 // [S, max_blocks]; rows, lens, ctx: [S] int64; out: [T, H, D] float32, written at the
 // spans' rows only.
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
-                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
+                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx);
 void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
-                 const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
+                 const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out, int64_t S, int64_t H,
                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
 
 // Whether a bf16 cache may take the bf16 dot-product kernels (prefill_bf16.cpp,
@@ -338,7 +339,10 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
                      at::Tensor rows, at::Tensor lens, at::Tensor ctx, int64_t block_size,
                      double scale, at::Tensor out) {
   TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T,H,D]");
-  TORCH_CHECK(out.dtype() == at::kFloat && out.is_contiguous() && out.sizes() == q.sizes(), "out must be like q");
+  TORCH_CHECK((out.dtype() == at::kFloat || out.dtype() == at::kBFloat16) && out.is_contiguous() &&
+              out.sizes() == q.sizes(), "out must be float32 or bfloat16 [T,H,D] like q");
+  const OutRows o = out.dtype() == at::kFloat ? OutRows{out.data_ptr<float>(), nullptr}
+                                              : OutRows{nullptr, out.data_ptr<c10::BFloat16>()};
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "cache halves must be contiguous");
   TORCH_CHECK(k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "caches are [slots,KVH,D]");
   TORCH_CHECK(k_cache.dtype() == v_cache.dtype(), "k and v caches differ in dtype");
@@ -364,7 +368,7 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
       TORCH_CHECK(tb[s * max_blocks + j] >= 0 && tb[s * max_blocks + j] < cache_blocks, "block id outside the cache");
   if (k_cache.dtype() == at::kFloat) {
     dispatch_head_dim<float>(D, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                             tables.data_ptr<int64_t>(), r, n, c, out.data_ptr<float>(), S, H, KVH, max_blocks,
+                             tables.data_ptr<int64_t>(), r, n, c, o, S, H, KVH, max_blocks,
                              block_size, (float)scale);
   } else if (k_cache.dtype() == at::kBFloat16) {
     // Prefill spans and decode rows by bf16 dot products where the CPU has them;
@@ -372,13 +376,13 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
     if (use_bf16_dots && bf16_dots_available(D)) {
       const auto* kb = k_cache.data_ptr<c10::BFloat16>();
       const auto* vb = v_cache.data_ptr<c10::BFloat16>();
-      prefill_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks,
+      prefill_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
                    block_size, (float)scale, use_amx && amx_available(D));
-      decode_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, out.data_ptr<float>(), S, H, KVH, D, max_blocks,
+      decode_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
                   block_size, (float)scale);
     } else {
       dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<float>(), k_cache.data_ptr<c10::BFloat16>(),
-                                       v_cache.data_ptr<c10::BFloat16>(), tb, r, n, c, out.data_ptr<float>(), S, H,
+                                       v_cache.data_ptr<c10::BFloat16>(), tb, r, n, c, o, S, H,
                                        KVH, max_blocks, block_size, (float)scale);
     }
   } else {

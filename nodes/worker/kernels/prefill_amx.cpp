@@ -88,7 +88,7 @@ SHOAL_AMX void load_tile_config() {
 
 template <int NQ>  // D / 32: Q's tiles along a row-head's dims
 SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
-                         int64_t R, int64_t h, int64_t G, int64_t H, float scale, float* out) {
+                         int64_t R, int64_t h, int64_t G, int64_t H, float scale, shoal::OutRows out) {
   constexpr int64_t D = NQ * 32, DP = D / 2, NO = D / 16;
   static_assert(NO % 4 == 0, "outputs go 4 tiles (64 dims) at a time");
   const int64_t RG = R * G, groups = (RG + M - 1) / M, base = ctx - len;
@@ -266,7 +266,7 @@ bool amx_available(int64_t D) {
 }
 
 void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
-              int64_t h, int64_t G, int64_t H, int64_t D, float scale, float* out) {
+              int64_t h, int64_t G, int64_t H, int64_t D, float scale, OutRows out) {
   if (D == 64)
     tile_impl<2>(q, p, row0, len, ctx, i0, R, h, G, H, scale, out);
   else
@@ -280,7 +280,7 @@ void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_
 namespace shoal {
 bool amx_available(int64_t) { return false; }
 void amx_tile(const float*, const Packed&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-              int64_t, float, float*) {}
+              int64_t, float, OutRows) {}
 }  // namespace shoal
 
 #endif

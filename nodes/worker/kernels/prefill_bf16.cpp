@@ -109,7 +109,7 @@ inline uint32_t bf16_bits(float x) {  // round to nearest even, as torch rounds
 // G query heads of KV head h.
 template <int NV>  // D / 16
 SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
-                     int64_t R, int64_t h, int64_t G, int64_t H, float scale, float* out) {
+                     int64_t R, int64_t h, int64_t G, int64_t H, float scale, shoal::OutRows out) {
   constexpr int64_t D = NV * 16, DP = D / 2;
   const int64_t RG = R * G, base = ctx - len, nmax = base + i0 + R;
   shoal::AlignedVec<uint32_t> qp((RG + RB) * DP, 0u);  // bf16 pairs of each row-head's query
@@ -226,7 +226,7 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
 // fp32 [T, H, D], the cache bf16 [slots, KVH, D]. `amx`: the tiles by AMX
 // (prefill_amx.cpp), where shoal::amx_available(D).
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
-                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, float* out, int64_t S, int64_t H,
+                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, shoal::OutRows out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx) {
   std::vector<std::pair<int64_t, int64_t>> packs;  // (span, kv head)
   for (int64_t s = 0; s < S; ++s)
@@ -268,7 +268,7 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
 #else  // narrower builds: never chosen
 
 void prefill_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
-                  const int64_t*, const int64_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                  float, bool) {}
+                  const int64_t*, const int64_t*, shoal::OutRows, int64_t, int64_t, int64_t, int64_t, int64_t,
+                  int64_t, float, bool) {}
 
 #endif

@@ -24,16 +24,35 @@ void dynamic_for(int64_t n, const F& run) {
   });
 }
 
+// Where attention writes its output, out [T, H, D]: fp32, or the model's bf16, which the
+// o projection then takes as it is (an fp32 output cost a conversion pass over it, 1.8% of
+// a W3-shaped prefill step). A bf16 element is rounded to nearest even, as torch's
+// .to(bfloat16) rounds: the outputs are the fp32 ones, rounded.
+struct OutRows {
+  float* f = nullptr;
+  c10::BFloat16* b = nullptr;
+  OutRows at(int64_t offset) const { return {f ? f + offset : nullptr, b ? b + offset : nullptr}; }
+  void set(int64_t i, float v) const {
+    if (f)
+      f[i] = v;
+    else
+      b[i] = c10::BFloat16(v);
+  }
+};
+
 // A finished attention tile: row-head r * G + g of `acc` (D floats each) divided by its
 // softmax sum `l`, to query row first_row + r, head h * G + g, of out [T, H, D].
-inline void write_tile_rows(const float* acc, const float* l, float* out, int64_t first_row, int64_t R, int64_t H,
+inline void write_tile_rows(const float* acc, const float* l, OutRows out, int64_t first_row, int64_t R, int64_t H,
                             int64_t h, int64_t G, int64_t D) {
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t rh = r * G + g;
       const float inv = 1.f / l[rh];
-      float* dst = out + ((first_row + r) * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = acc[rh * D + d] * inv;
+      const int64_t at = ((first_row + r) * H + h * G + g) * D;
+      if (out.f)
+        for (int64_t d = 0; d < D; ++d) out.f[at + d] = acc[rh * D + d] * inv;
+      else
+        for (int64_t d = 0; d < D; ++d) out.b[at + d] = c10::BFloat16(acc[rh * D + d] * inv);
     }
 }
 

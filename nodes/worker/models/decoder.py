@@ -68,11 +68,11 @@ class Attention(nn.Module):
                                    self.k_norm.weight if cfg.qk_norm else none, rope.cos, rope.sin, positions,
                                    meta.slot_mapping, kv_cache[0], kv_cache[1], cfg.num_heads, cfg.num_kv_heads,
                                    cfg.rms_norm_eps)
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape, dtype=x.dtype)  # in the model's dtype: what the o projection takes
         with traced("shoal::paged_attention"):
             ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
                                 meta.span_ctx, meta.block_size, self.scale, out)
-        return self.o(out.view(x.shape[0], cfg.q_size).to(x.dtype))
+        return self.o(out.view(x.shape[0], cfg.q_size))
 
 
 class DecoderLayer(nn.Module):
