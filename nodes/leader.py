@@ -17,7 +17,7 @@ import time
 
 import etcd3
 
-from shoal.nodes.membership import connect, refresh_deadline
+from shoal.nodes.membership import cancel_watch_quietly, connect, refresh_deadline, retry_after_pause
 
 log = logging.getLogger(__name__)
 
@@ -153,29 +153,18 @@ class LeaderView:
                                                         start_revision=resp.header.revision + 1)
 
     def _on_watch(self, event) -> None:
-        if isinstance(event, Exception):  # compacted, or etcd away: read again (the last answer stands meanwhile)
-            log.info("[leader] watch of %s: %s; reading again", self.key, event)
-            threading.Thread(target=self._read_until_answered, daemon=True).start()
+        if isinstance(event, etcd3.exceptions.RevisionCompactedError):
+            threading.Thread(target=self._read, daemon=True).start()
+            return
+        if isinstance(event, Exception):  # etcd away: read again once it answers (the last answer stands meanwhile)
+            log.warning("[leader] watch of %s: %s; reading again", self.key, event)
+            threading.Thread(target=retry_after_pause, args=(self._read, lambda: self._stopped, f"reading {self.key}"),
+                             daemon=True).start()
             return
         for ev in event.events:
             deleted = isinstance(ev, etcd3.events.DeleteEvent)
             self._leader = (None, 0) if deleted else (ev.value.decode(), ev.create_revision)
 
-    def _read_until_answered(self) -> None:
-        pause = 0.5
-        while not self._stopped:
-            try:
-                self._read()
-                return
-            except Exception as e:
-                log.warning("[leader] reading %s failed (%s); retrying in %.1f s", self.key, e, pause)
-                time.sleep(pause)
-                pause = min(pause * 2, 5.0)
-
     def stop(self) -> None:
         self._stopped = True
-        if self._watch_id is not None:
-            try:
-                self.client.cancel_watch(self._watch_id)
-            except Exception:
-                pass
+        cancel_watch_quietly(self.client, self._watch_id)

@@ -165,6 +165,29 @@ class Registration:
         log.info("[leave] %s %s", self.role, self.node_id)
 
 
+def retry_after_pause(attempt: Callable[[], None], stopped: Callable[[], bool], what: str) -> None:
+    """A watch broke (etcd restarted or is away): `attempt` (list or read again, and watch
+    anew) until etcd answers or the watcher stops, with capped backoff."""
+    pause = 0.5
+    while not stopped():
+        time.sleep(pause)
+        try:
+            attempt()
+            return
+        except Exception as e:
+            log.warning("[watch] %s failed (%s); retrying in %.1f s", what, e, pause)
+            pause = min(pause * 2, 5.0)
+
+
+def cancel_watch_quietly(client, watch_id) -> None:
+    """Ends a watch if there is one; a client already cut off from etcd has none to end."""
+    if watch_id is not None:
+        try:
+            client.cancel_watch(watch_id)
+        except Exception:
+            pass
+
+
 class MemberView:
     """The live set of members under a cluster's prefix, kept current by a watch."""
 
@@ -220,17 +243,8 @@ class MemberView:
         self._notify()
 
     def _relist_after_pause(self) -> None:
-        """The watch broke (etcd restarted or is away): list again until etcd answers,
-        with capped backoff; until then the view keeps its last known members."""
-        pause = 0.5
-        while not self._stopped:
-            time.sleep(pause)
-            try:
-                self._relist()
-                return
-            except Exception as e:
-                log.warning("[watch] relist failed (%s); retrying in %.1f s", e, pause)
-                pause = min(pause * 2, 5.0)
+        """The watch broke: until then the view keeps its last known members."""
+        retry_after_pause(self._relist, lambda: self._stopped, "relist")
 
     def _notify(self) -> None:
         snapshot = self.snapshot()
@@ -265,8 +279,4 @@ class MemberView:
 
     def stop(self) -> None:
         self._stopped = True
-        if self._watch_id is not None:
-            try:
-                self.client.cancel_watch(self._watch_id)
-            except Exception:
-                pass
+        cancel_watch_quietly(self.client, self._watch_id)
