@@ -45,7 +45,7 @@ struct Packed {
 bool amx_available(int64_t D);
 
 // Rows [i0, i0 + R) of a span (its first q row `row0`, `len` rows, context `ctx`), the
-// G query heads of KV head h, by AMX tiles; q and out fp32 [T, H, D].
+// G query heads of KV head h, by AMX tiles; q fp32 [T, H, D], out fp32 or bf16 like it.
 void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
               int64_t h, int64_t G, int64_t H, int64_t D, float scale, OutRows out);
 

@@ -197,8 +197,8 @@ void run_all(const float* q, const uint16_t* kc, const uint16_t* vc, const int64
 
 }  // namespace
 
-// Every span of one row, as paged_attention() describes spans; q and out are fp32
-// [T, H, D], the cache bf16 [slots, KVH, D].
+// Every span of one row, as paged_attention() describes spans; q fp32 [T, H, D], out
+// fp32 or bf16 like it, the cache bf16 [slots, KVH, D].
 void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, shoal::OutRows out, int64_t S, int64_t H,
                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale) {

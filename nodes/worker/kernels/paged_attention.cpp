@@ -307,8 +307,8 @@ bool supports_head_dim(int64_t D) {
 int64_t vector_width() { return VS; }
 
 // q: [T, H, D] float32; k_cache, v_cache: [slots, KVH, D] (float32 or bfloat16); tables:
-// [S, max_blocks]; rows, lens, ctx: [S] int64; out: [T, H, D] float32, written at the
-// spans' rows only.
+// [S, max_blocks]; rows, lens, ctx: [S] int64; out: [T, H, D] float32 or bfloat16 (the
+// model's dtype, which the o projection takes), written at the spans' rows only.
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx);

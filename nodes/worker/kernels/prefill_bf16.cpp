@@ -222,8 +222,8 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
 
 }  // namespace
 
-// Every span of more than one row, as paged_attention() describes spans; q and out are
-// fp32 [T, H, D], the cache bf16 [slots, KVH, D]. `amx`: the tiles by AMX
+// Every span of more than one row, as paged_attention() describes spans; q fp32
+// [T, H, D], out fp32 or bf16 like it, the cache bf16 [slots, KVH, D]. `amx`: the tiles by AMX
 // (prefill_amx.cpp), where shoal::amx_available(D).
 void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, shoal::OutRows out, int64_t S, int64_t H,
