@@ -40,22 +40,6 @@ struct OutRows {
   }
 };
 
-// A finished attention tile: row-head r * G + g of `acc` (D floats each) divided by its
-// softmax sum `l`, to query row first_row + r, head h * G + g, of out [T, H, D].
-inline void write_tile_rows(const float* acc, const float* l, OutRows out, int64_t first_row, int64_t R, int64_t H,
-                            int64_t h, int64_t G, int64_t D) {
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t rh = r * G + g;
-      const float inv = 1.f / l[rh];
-      const int64_t at = ((first_row + r) * H + h * G + g) * D;
-      if (out.f)
-        for (int64_t d = 0; d < D; ++d) out.f[at + d] = acc[rh * D + d] * inv;
-      else
-        for (int64_t d = 0; d < D; ++d) out.b[at + d] = c10::BFloat16(acc[rh * D + d] * inv);
-    }
-}
-
 using Vec = at::vec::Vectorized<float>;
 constexpr int VS = Vec::size();
 
@@ -102,6 +86,28 @@ inline void store_vec(c10::BFloat16* p, const Vec& v) {
   v.store(buf);
   for (int i = 0; i < VS; ++i) p[i] = c10::BFloat16(buf[i]);
 #endif
+}
+
+// A finished attention tile: row-head r * G + g of `acc` (D floats each, D a multiple of
+// VS) divided by its softmax sum `l`, to query row first_row + r, head h * G + g, of out
+// [T, H, D].
+template <typename O>
+inline void write_tile_rows(const float* acc, const float* l, O* out, int64_t first_row, int64_t R, int64_t H,
+                            int64_t h, int64_t G, int64_t D) {
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t rh = r * G + g;
+      const Vec inv(1.f / l[rh]);
+      O* dst = out + ((first_row + r) * H + h * G + g) * D;
+      for (int64_t d = 0; d < D; d += VS) store_vec(dst + d, Vec::loadu(acc + rh * D + d) * inv);
+    }
+}
+inline void write_tile_rows(const float* acc, const float* l, OutRows out, int64_t first_row, int64_t R, int64_t H,
+                            int64_t h, int64_t G, int64_t D) {
+  if (out.f)
+    write_tile_rows(acc, l, out.f, first_row, R, H, h, G, D);
+  else
+    write_tile_rows(acc, l, out.b, first_row, R, H, h, G, D);
 }
 
 // The value each lane has once torch stores it in T.
