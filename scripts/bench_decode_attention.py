@@ -59,7 +59,7 @@ def run(seqs: int, ctx: int, dtype, hot: bool, pages: str, steps: int, cache_byt
     rows = torch.arange(seqs, dtype=torch.long)
     lens = torch.ones(seqs, dtype=torch.long)
     ctxs = torch.full((seqs,), ctx, dtype=torch.long)
-    q = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(dtype).float()  # the model rounds q to its dtype
+    q = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(dtype)  # queries and output in the model's dtype
     out = torch.empty_like(q)
 
     def step():

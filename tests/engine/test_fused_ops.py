@@ -67,7 +67,7 @@ def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm, D):
         if qk_norm:
             q, k = qn(q), kn(k)
         cos, sin = rope.tables(positions, dtype)
-        assert q_got.dtype == torch.float32
+        assert q_got.dtype == dtype, "the queries come in the model's dtype (bf16 values already)"
         assert close(q_got, apply_rope(q, cos, sin), dtype)
         assert close(k_cache[slots], apply_rope(k, cos, sin), dtype)
         assert torch.equal(v_cache[slots], v)

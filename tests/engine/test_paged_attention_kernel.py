@@ -25,7 +25,7 @@ def kernel(request):
 
 def reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, scale):
     """Each span gathered from the cache, then SDPA with the causal mask of its rows."""
-    out = torch.full_like(q, float("nan"))
+    out = torch.full(q.shape, float("nan"))
     H, KVH = q.shape[1], k_cache.shape[1]
     for s in range(len(rows)):
         r, n, c = int(rows[s]), int(lens[s]), int(ctx[s])
@@ -33,7 +33,8 @@ def reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, scale):
         slots = tables[s][pos // bs] * bs + pos % bs
         k = k_cache[slots].float().transpose(0, 1).unsqueeze(0)  # [1, KVH, c, D]
         v = v_cache[slots].float().transpose(0, 1).unsqueeze(0)
-        qs = q[r : r + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        # The kernel computes with the queries in the cache's dtype (a bf16 model's are bf16).
+        qs = q[r : r + n].to(k_cache.dtype).float().transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         mask = pos.unsqueeze(0) <= torch.arange(c - n, c).unsqueeze(1)  # row i sees c - n + i + 1
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=H != KVH)
         out[r : r + n] = o[0].transpose(0, 1)
@@ -267,3 +268,33 @@ def test_bf16_output_is_the_fp32_output_rounded(kernel, bf16_path):
         kernel.paged_attention(q, torch.zeros(4, 1, 32), torch.zeros(4, 1, 32), torch.zeros(1, 1, dtype=torch.long),
                                torch.tensor([0]), torch.tensor([1]), torch.tensor([1]), 4, 1.0,
                                torch.empty(1, 2, 32, dtype=torch.float16))
+
+
+def test_bf16_queries_are_the_fp32_queries_rounded(kernel, bf16_path):
+    """A bf16 model hands the kernel its queries as bf16 (qkv_rope_cache's output): the
+    same outputs, bit for bit, as fp32 queries that the kernel rounds itself, on decode
+    rows and prefill chunks; a float16 query is refused by name."""
+    rng = random.Random(9)
+    H, KVH, D, bs = 12, 4, 64, 16
+    spans = [(1, 300), (1, 17), (40, 700), (130, 130)]
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    need = sum(-(-c // bs) for _, c in spans)
+    blocks = torch.randperm(2 * need, generator=g)
+    tables = torch.zeros(len(spans), max(-(-c // bs) for _, c in spans), dtype=torch.long)
+    o = 0
+    for s, (_, c) in enumerate(spans):
+        tables[s, : -(-c // bs)] = blocks[o : o + -(-c // bs)]
+        o += -(-c // bs)
+    q = torch.randn(sum(n for n, _ in spans), H, D, generator=g)
+    k_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(torch.bfloat16)
+    v_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(torch.bfloat16)
+    rows = torch.tensor([sum(n for n, _ in spans[:i]) for i in range(len(spans))])
+    lens, ctx = torch.tensor([n for n, _ in spans]), torch.tensor([c for _, c in spans])
+    from_fp32, from_bf16 = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(q.shape, dtype=torch.bfloat16)
+    kernel.paged_attention(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, from_fp32)
+    kernel.paged_attention(q.to(torch.bfloat16), k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, from_bf16)
+    assert torch.equal(from_fp32, from_bf16), bf16_path
+    want = reference(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5)
+    assert (from_bf16.float() - want).abs().max().item() < tolerance(kernel, torch.bfloat16, D) + 1e-2
+    with pytest.raises(RuntimeError, match="q must be contiguous float32 or bfloat16"):
+        kernel.paged_attention(q.half(), k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, from_bf16)

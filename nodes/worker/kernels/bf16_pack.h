@@ -45,8 +45,8 @@ struct Packed {
 bool amx_available(int64_t D);
 
 // Rows [i0, i0 + R) of a span (its first q row `row0`, `len` rows, context `ctx`), the
-// G query heads of KV head h, by AMX tiles; q fp32 [T, H, D], out fp32 or bf16 like it.
-void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
+// G query heads of KV head h, by AMX tiles; q bf16 [T, H, D], out fp32 or bf16.
+void amx_tile(const c10::BFloat16* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
               int64_t h, int64_t G, int64_t H, int64_t D, float scale, OutRows out);
 
 }  // namespace shoal

@@ -51,10 +51,10 @@ struct DecodeRow {
   std::vector<float> qs, acc, scores, m, l;
   DecodeRow(int64_t H, int64_t block_size) : qs(H * D), acc(H * D), scores(H * block_size), m(H), l(H) {}
 
-  void run(const float* qrow, const T* k_cache, const T* v_cache, const int64_t* table, int64_t n, OutRows orow,
+  void run(const T* qrow, const T* k_cache, const T* v_cache, const int64_t* table, int64_t n, OutRows orow,
            int64_t H, int64_t KVH, int64_t block_size, float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D;
-    for (int64_t j = 0; j < H * D; ++j) qs[j] = qrow[j] * scale;
+    for (int64_t j = 0; j < H * D; ++j) qs[j] = shoal::to_float(qrow[j]) * scale;
     std::fill(acc.begin(), acc.end(), 0.f);
     std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
     std::fill(l.begin(), l.end(), 0.f);
@@ -140,7 +140,7 @@ struct PrefillTile {
         m(TILE_ROWS * G), l(TILE_ROWS * G) {}
 
   // Rows [i0, i0 + R) of a span of `len` rows starting at q row `row0`, context `ctx`.
-  void run(const float* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t row0, int64_t len,
+  void run(const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t row0, int64_t len,
            int64_t ctx, int64_t i0, int64_t R, int64_t h, OutRows out, int64_t H, int64_t KVH, int64_t block_size,
            float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D, RG = R * G;
@@ -148,9 +148,9 @@ struct PrefillTile {
     const int64_t nmax = base + i0 + R;
     for (int64_t r = 0; r < R; ++r)
       for (int64_t g = 0; g < G; ++g) {
-        const float* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
+        const T* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
         float* dst = qt.data() + (r * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
+        for (int64_t d = 0; d < D; ++d) dst[d] = shoal::to_float(src[d]) * scale;
       }
     std::fill(acc.begin(), acc.begin() + RG * D, 0.f);
     std::fill(m.begin(), m.begin() + RG, NEG_INF);
@@ -244,7 +244,7 @@ struct PrefillTile {
 };
 
 template <typename T, int NV>
-static void attention_impl(const float* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+static void attention_impl(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
                            const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out,
                            int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
                            float scale) {
@@ -285,7 +285,7 @@ static void attention_impl(const float* q, const T* k_cache, const T* v_cache, c
 }
 
 template <typename T>
-static void dispatch_head_dim(int64_t D, const float* q, const T* k, const T* v, const int64_t* tables,
+static void dispatch_head_dim(int64_t D, const T* q, const T* k, const T* v, const int64_t* tables,
                               const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out,
                               int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
                               float scale) {
@@ -306,13 +306,13 @@ bool supports_head_dim(int64_t D) {
 
 int64_t vector_width() { return VS; }
 
-// q: [T, H, D] float32; k_cache, v_cache: [slots, KVH, D] (float32 or bfloat16); tables:
+// q: [T, H, D] float32 or bfloat16 (used in the cache's dtype); k_cache, v_cache: [slots, KVH, D] (float32 or bfloat16); tables:
 // [S, max_blocks]; rows, lens, ctx: [S] int64; out: [T, H, D] float32 or bfloat16 (the
 // model's dtype, which the o projection takes), written at the spans' rows only.
-void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
+void prefill_bf16(const c10::BFloat16* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx);
-void decode_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
+void decode_bf16(const c10::BFloat16* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                  const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out, int64_t S, int64_t H,
                  int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale);
 
@@ -338,7 +338,8 @@ bool amx_available(int64_t D) { return bf16_dots_available(D) && shoal::amx_avai
 void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                      at::Tensor rows, at::Tensor lens, at::Tensor ctx, int64_t block_size,
                      double scale, at::Tensor out) {
-  TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T,H,D]");
+  TORCH_CHECK((q.dtype() == at::kFloat || q.dtype() == at::kBFloat16) && q.is_contiguous() && q.dim() == 3,
+              "q must be contiguous float32 or bfloat16 [T,H,D]");
   TORCH_CHECK((out.dtype() == at::kFloat || out.dtype() == at::kBFloat16) && out.is_contiguous() &&
               out.sizes() == q.sizes(), "out must be float32 or bfloat16 [T,H,D] like q");
   const OutRows o = out.dtype() == at::kFloat ? OutRows{out.data_ptr<float>(), nullptr}
@@ -346,6 +347,11 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "cache halves must be contiguous");
   TORCH_CHECK(k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "caches are [slots,KVH,D]");
   TORCH_CHECK(k_cache.dtype() == v_cache.dtype(), "k and v caches differ in dtype");
+  TORCH_CHECK(k_cache.dtype() == at::kFloat || k_cache.dtype() == at::kBFloat16, "unsupported cache dtype");
+  // Queries in the cache's dtype, which every kernel computes with: a bf16 model's rotated
+  // queries are bf16 values already (qkv_rope_cache returns them so, half the bytes of
+  // fp32), and fp32 ones are rounded here as the bf16 kernels always rounded them.
+  if (q.dtype() != k_cache.dtype()) q = q.to(k_cache.dtype());
   for (auto* t : {&tables, &rows, &lens, &ctx})
     TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous(), "tables, rows, lens and ctx are contiguous int64");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), S = rows.numel();
@@ -376,12 +382,13 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
     if (use_bf16_dots && bf16_dots_available(D)) {
       const auto* kb = k_cache.data_ptr<c10::BFloat16>();
       const auto* vb = v_cache.data_ptr<c10::BFloat16>();
-      prefill_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
+      const auto* qb = q.data_ptr<c10::BFloat16>();
+      prefill_bf16(qb, kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
                    block_size, (float)scale, use_amx && amx_available(D));
-      decode_bf16(q.data_ptr<float>(), kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
+      decode_bf16(qb, kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
                   block_size, (float)scale);
     } else {
-      dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<float>(), k_cache.data_ptr<c10::BFloat16>(),
+      dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
                                        v_cache.data_ptr<c10::BFloat16>(), tb, r, n, c, o, S, H,
                                        KVH, max_blocks, block_size, (float)scale);
     }

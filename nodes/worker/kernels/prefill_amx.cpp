@@ -87,7 +87,7 @@ SHOAL_AMX void load_tile_config() {
 }
 
 template <int NQ>  // D / 32: Q's tiles along a row-head's dims
-SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
+SHOAL_AMX void tile_impl(const c10::BFloat16* q, const shoal::Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
                          int64_t R, int64_t h, int64_t G, int64_t H, float scale, shoal::OutRows out) {
   constexpr int64_t D = NQ * 32, DP = D / 2, NO = D / 16;
   static_assert(NO % 4 == 0, "outputs go 4 tiles (64 dims) at a time");
@@ -98,9 +98,7 @@ SHOAL_AMX void tile_impl(const float* q, const shoal::Packed& p, int64_t row0, i
   std::vector<int64_t> seen(groups * M, 0);  // keys each row-head sees
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
-      const float* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; d += shoal::VS)  // rounded to nearest even, as torch rounds
-        shoal::store_vec(qa.data() + (r * G + g) * D + d, shoal::Vec::loadu(src + d));
+      std::memcpy(qa.data() + (r * G + g) * D, q + ((row0 + i0 + r) * H + h * G + g) * D, D * sizeof(c10::BFloat16));
       seen[r * G + g] = base + i0 + r + 1;
     }
   thread_local shoal::AlignedVec<float> sc(M * SC_STRIDE);      // a group's scores for the segment, row-major
@@ -265,7 +263,7 @@ bool amx_available(int64_t D) {
   return ok && (D == 64 || D == 128);
 }
 
-void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
+void amx_tile(const c10::BFloat16* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0, int64_t R,
               int64_t h, int64_t G, int64_t H, int64_t D, float scale, OutRows out) {
   if (D == 64)
     tile_impl<2>(q, p, row0, len, ctx, i0, R, h, G, H, scale, out);
@@ -279,7 +277,7 @@ void amx_tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_
 
 namespace shoal {
 bool amx_available(int64_t) { return false; }
-void amx_tile(const float*, const Packed&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+void amx_tile(const c10::BFloat16*, const Packed&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
               int64_t, float, OutRows) {}
 }  // namespace shoal
 

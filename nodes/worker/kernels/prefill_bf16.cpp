@@ -101,14 +101,10 @@ SHOAL_BF16 void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* tabl
   }
 }
 
-inline uint32_t bf16_bits(float x) {  // round to nearest even, as torch rounds
-  return c10::BFloat16(x).x;
-}
-
 // Rows [i0, i0 + R) of span s (its first q row `row0`, `len` rows, context `ctx`), the
 // G query heads of KV head h.
 template <int NV>  // D / 16
-SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
+SHOAL_BF16 void tile(const c10::BFloat16* q, const Packed& p, int64_t row0, int64_t len, int64_t ctx, int64_t i0,
                      int64_t R, int64_t h, int64_t G, int64_t H, float scale, shoal::OutRows out) {
   constexpr int64_t D = NV * 16, DP = D / 2;
   const int64_t RG = R * G, base = ctx - len, nmax = base + i0 + R;
@@ -122,9 +118,8 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
   std::vector<int64_t> seen(RG);  // keys row-head rh sees
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
-      const float* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
-      for (int64_t dp = 0; dp < DP; ++dp)
-        qp[(r * G + g) * DP + dp] = bf16_bits(src[2 * dp]) | (bf16_bits(src[2 * dp + 1]) << 16);
+      // bf16 pairs as they lie: dim 2 dp in the low half of pair dp (little-endian)
+      std::memcpy(qp.data() + (r * G + g) * DP, q + ((row0 + i0 + r) * H + h * G + g) * D, D * sizeof(c10::BFloat16));
       seen[r * G + g] = base + i0 + r + 1;
     }
   std::vector<float> cr(RG + RBV, 1.f);  // each row-head's rescale for this block
@@ -222,10 +217,10 @@ SHOAL_BF16 void tile(const float* q, const Packed& p, int64_t row0, int64_t len,
 
 }  // namespace
 
-// Every span of more than one row, as paged_attention() describes spans; q fp32
-// [T, H, D], out fp32 or bf16 like it, the cache bf16 [slots, KVH, D]. `amx`: the tiles by AMX
+// Every span of more than one row, as paged_attention() describes spans; q bf16
+// [T, H, D], out fp32 or bf16, the cache bf16 [slots, KVH, D]. `amx`: the tiles by AMX
 // (prefill_amx.cpp), where shoal::amx_available(D).
-void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
+void prefill_bf16(const c10::BFloat16* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
                   const int64_t* rows, const int64_t* lens, const int64_t* ctx, shoal::OutRows out, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t max_blocks, int64_t bs, float scale, bool amx) {
   std::vector<std::pair<int64_t, int64_t>> packs;  // (span, kv head)
@@ -267,7 +262,7 @@ void prefill_bf16(const float* q, const c10::BFloat16* k_cache, const c10::BFloa
 
 #else  // narrower builds: never chosen
 
-void prefill_bf16(const float*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
+void prefill_bf16(const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*, const int64_t*, const int64_t*,
                   const int64_t*, const int64_t*, shoal::OutRows, int64_t, int64_t, int64_t, int64_t, int64_t,
                   int64_t, float, bool) {}
 
