@@ -23,13 +23,14 @@ import torch
 from shoal.env import state_dir
 from shoal.nodes.worker.dtype_choice import cpu_model
 from shoal.sampling import SamplingParams
-from shoal.scheduler.cost_model import CalibrationError, CostModel
-from shoal.scheduler.least_squares import fit_line_nonnegative, fit_polynomial
+from shoal.scheduler.cost_model import R2_FLOOR, CalibrationError, CostModel
+from shoal.scheduler.least_squares import fit_line_nonnegative, fit_measured, fit_polynomial
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 3  # 2: the native engine (fused ops, paged prefill) and the budget probe; 3: α_d >= 0
+CALIBRATION_VERSION = 4  # 2: the native engine (fused ops, paged prefill) and the budget probe; 3: α_d >= 0;
+# 4: a fit below the floor is measured again
 
 
 def device_name() -> str:
@@ -115,50 +116,59 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
     engine.planner = MixedBatchPlanner(cfg)  # a budget that prefills each prompt in one step
     say = progress or (lambda msg: log.info("[calibrate] %s", msg))
     try:
-        xs, ys = [], []
-        for L in prefill_lengths:
-            samples = []
-            for i in range(repeats + 1):
-                engine.add_request(("cal-p", L, i), prompt_token_ids=_prompt(r, engine, L),
-                                   params=SamplingParams(max_tokens=1, ignore_eos=True))
-                samples += _timed_steps(engine, 1)
-            xs.append(L)
-            ys.append(statistics.median(samples[1:]))  # the first run warms caches
-        (ap, bp), r2p = fit_line_nonnegative(xs, ys)
+        def prefill(reps: int):
+            xs, ys = [], []
+            for L in prefill_lengths:
+                samples = []
+                for i in range(reps + 1):  # fresh prompts each time: no prefix cache hits
+                    engine.add_request(("cal-p", L, reps, i), prompt_token_ids=_prompt(r, engine, L),
+                                       params=SamplingParams(max_tokens=1, ignore_eos=True))
+                    samples += _timed_steps(engine, 1)
+                xs.append(L)
+                ys.append(statistics.median(samples[1:]))  # the first run warms caches
+            return xs, ys
+
+        (ap, bp), r2p = fit_measured(prefill, fit_line_nonnegative, repeats, R2_FLOOR)
         say(f"prefill: α_p {ap * 1e3:.2f} ms, β_p {bp * 1e6:.1f} µs/token, R² {r2p:.3f}")
 
-        xs, ys = [], []
-        for k in decode_batches:
-            for i in range(k):
-                engine.add_request(("cal-d", k, i), prompt_token_ids=_prompt(r, engine, decode_context),
-                                   params=SamplingParams(max_tokens=repeats + 64, ignore_eos=True))
-            while any(s.num_computed < s.num_prompt_tokens for s in engine.seqs.values()):
-                engine.step()
-            xs.append(k)
-            ys.append(statistics.median(_timed_steps(engine, repeats + 2)))
-            for sid in list(engine.seqs):
-                engine.abort(sid)
+        def decode(reps: int):
+            xs, ys = [], []
+            for k in decode_batches:
+                for i in range(k):
+                    engine.add_request(("cal-d", k, reps, i), prompt_token_ids=_prompt(r, engine, decode_context),
+                                       params=SamplingParams(max_tokens=reps + 64, ignore_eos=True))
+                while any(s.num_computed < s.num_prompt_tokens for s in engine.seqs.values()):
+                    engine.step()
+                xs.append(k)
+                ys.append(statistics.median(_timed_steps(engine, reps + 2)))
+                for sid in list(engine.seqs):
+                    engine.abort(sid)
+            return xs, ys
+
         # A step's overhead is not negative: where noise (or attention growing with the
         # batch) tilts the free fit below zero, the best line with α_d >= 0 is taken, as
         # for prefill, instead of a calibration every policy must refuse.
-        (ad, bd), r2d = fit_line_nonnegative(xs, ys)
+        (ad, bd), r2d = fit_measured(decode, fit_line_nonnegative, repeats, R2_FLOOR)
         say(f"decode: α_d {ad * 1e3:.2f} ms, β_d {bd * 1e6:.1f} µs/sequence, R² {r2d:.3f}")
 
         engine.planner = MixedBatchPlanner(engine.planner_config())  # MB as the engine runs it
-        xs, ys = [], []
-        for share in mb_shares:
-            total = 64  # tokens per sequence: prompt + output
-            out_len = max(1, int(round(share * total)))
-            n = max(2, mb_tokens // total)
-            for i in range(n):
-                engine.add_request(("cal-m", share, i), prompt_token_ids=_prompt(r, engine, max(1, total - out_len)),
-                                   params=SamplingParams(max_tokens=out_len, ignore_eos=True))
-            t = time.perf_counter()
-            while engine.has_unfinished():
-                engine.step()
-            xs.append(out_len / total)
-            ys.append((time.perf_counter() - t) / (n * total))
-        (a, b, c), r2m = fit_polynomial(xs, ys, 2)
+        def mixed(reps: int):  # one run per share: its many steps are the repeats
+            xs, ys = [], []
+            for share in mb_shares:
+                total = 64  # tokens per sequence: prompt + output
+                out_len = max(1, int(round(share * total)))
+                n = max(2, mb_tokens // total)
+                for i in range(n):
+                    engine.add_request(("cal-m", share, reps, i), prompt_token_ids=_prompt(r, engine, max(1, total - out_len)),
+                                       params=SamplingParams(max_tokens=out_len, ignore_eos=True))
+                t = time.perf_counter()
+                while engine.has_unfinished():
+                    engine.step()
+                xs.append(out_len / total)
+                ys.append((time.perf_counter() - t) / (n * total))
+            return xs, ys
+
+        (a, b, c), r2m = fit_measured(mixed, lambda xs, ys: fit_polynomial(xs, ys, 2), repeats, R2_FLOOR)
         say(f"MB: β_MB(r) = {a * 1e6:.1f} + {b * 1e6:.1f}·r + {c * 1e6:.1f}·r² µs/token, R² {r2m:.3f}")
         probe = probe_budgets(engine, r, repeats)
         say("budget probe: " + ", ".join(f"{n} tokens {n / t:.0f} tok/s" for n, t in probe))
