@@ -70,6 +70,26 @@ def random_case(rng: random.Random, kernel, dtype, spans, bs, H, KVH, D):
     return out, want, row
 
 
+def span_case(seed, spans, bs, H, KVH, D, dtype):
+    """fp32 queries for `spans` ((rows, context) pairs, rows stacked in order) and a cache
+    twice as large as they need, each span's blocks drawn from a random permutation:
+    (q, k_cache, v_cache, tables, rows, lens, ctx)."""
+    g = torch.Generator().manual_seed(seed)
+    need = sum(-(-c // bs) for _, c in spans)
+    blocks = torch.randperm(2 * need, generator=g)
+    tables = torch.zeros(len(spans), max(-(-c // bs) for _, c in spans), dtype=torch.long)
+    o = 0
+    for s, (_, c) in enumerate(spans):
+        tables[s, : -(-c // bs)] = blocks[o : o + -(-c // bs)]
+        o += -(-c // bs)
+    q = torch.randn(sum(n for n, _ in spans), H, D, generator=g)
+    k_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(dtype)
+    v_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(dtype)
+    rows = torch.tensor([sum(n for n, _ in spans[:i]) for i in range(len(spans))])
+    lens, ctx = torch.tensor([n for n, _ in spans]), torch.tensor([c for _, c in spans])
+    return q, k_cache, v_cache, tables, rows, lens, ctx
+
+
 # A bf16 cache takes bf16 dot products where the CPU has AVX512_BF16 (prefill_bf16.cpp,
 # decode_bf16.cpp): the query and the probabilities are rounded to bf16 there, as
 # torch's bf16 attention does, which moves outputs of magnitude ~1-3 by up to ~1e-2. A
@@ -243,20 +263,7 @@ def test_bf16_output_is_the_fp32_output_rounded(kernel, bf16_path):
             continue
         spans = [(1, 300), (1, 17), (40, 700), (130, 130)]
         out32, want, row = random_case(random.Random(rng.randrange(1 << 30)), kernel, dtype, spans, bs, H, KVH, D)
-        seed = rng.randrange(1 << 30)
-        g = torch.Generator().manual_seed(seed)
-        need = sum(-(-c // bs) for _, c in spans)
-        tables = torch.randperm(2 * need, generator=g)[:need]
-        t = torch.zeros(len(spans), max(-(-c // bs) for _, c in spans), dtype=torch.long)
-        o = 0
-        for s, (_, c) in enumerate(spans):
-            t[s, : -(-c // bs)] = tables[o : o + -(-c // bs)]
-            o += -(-c // bs)
-        q = torch.randn(sum(n for n, _ in spans), H, D, generator=g)
-        k_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(dtype)
-        v_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(dtype)
-        rows = torch.tensor([sum(n for n, _ in spans[:i]) for i in range(len(spans))])
-        lens, ctx = torch.tensor([n for n, _ in spans]), torch.tensor([c for _, c in spans])
+        q, k_cache, v_cache, t, rows, lens, ctx = span_case(rng.randrange(1 << 30), spans, bs, H, KVH, D, dtype)
         f32 = torch.empty_like(q)
         b16 = torch.empty(q.shape, dtype=torch.bfloat16)
         kernel.paged_attention(q, k_cache, v_cache, t, rows, lens, ctx, bs, D**-0.5, f32)
@@ -277,19 +284,8 @@ def test_bf16_queries_are_the_fp32_queries_rounded(kernel, bf16_path):
     rng = random.Random(9)
     H, KVH, D, bs = 12, 4, 64, 16
     spans = [(1, 300), (1, 17), (40, 700), (130, 130)]
-    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
-    need = sum(-(-c // bs) for _, c in spans)
-    blocks = torch.randperm(2 * need, generator=g)
-    tables = torch.zeros(len(spans), max(-(-c // bs) for _, c in spans), dtype=torch.long)
-    o = 0
-    for s, (_, c) in enumerate(spans):
-        tables[s, : -(-c // bs)] = blocks[o : o + -(-c // bs)]
-        o += -(-c // bs)
-    q = torch.randn(sum(n for n, _ in spans), H, D, generator=g)
-    k_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(torch.bfloat16)
-    v_cache = torch.randn(2 * need * bs, KVH, D, generator=g).to(torch.bfloat16)
-    rows = torch.tensor([sum(n for n, _ in spans[:i]) for i in range(len(spans))])
-    lens, ctx = torch.tensor([n for n, _ in spans]), torch.tensor([c for _, c in spans])
+    q, k_cache, v_cache, tables, rows, lens, ctx = span_case(rng.randrange(1 << 30), spans, bs, H, KVH, D,
+                                                             torch.bfloat16)
     from_fp32, from_bf16 = torch.empty(q.shape, dtype=torch.bfloat16), torch.empty(q.shape, dtype=torch.bfloat16)
     kernel.paged_attention(q, k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, from_fp32)
     kernel.paged_attention(q.to(torch.bfloat16), k_cache, v_cache, tables, rows, lens, ctx, bs, D**-0.5, from_bf16)
