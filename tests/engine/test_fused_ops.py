@@ -45,7 +45,7 @@ def test_rms_norm_with_and_without_residual(ops, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm", [True, False])
-@pytest.mark.parametrize("D", [64, 24])  # 24: half a head is no whole number of vectors
+@pytest.mark.parametrize("D", [64, 96, 24])  # 96: 6 or 12 vectors; 24: half a head is no whole number of vectors
 def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm, D):
     g = torch.Generator().manual_seed(1)
     T, H, KVH = 21, 6, 2

@@ -88,7 +88,9 @@ void rms_norm_impl(const T* x, T* residual, const T* w, T* out, int64_t rows, in
 
 // One head of one token: optional RMSNorm over the head, then rotate-half RoPE:
 // rnd(rnd(x * cos) + rnd(rotate_half(x) * sin)); cos and sin come rounded to T. The
-// results are T values, so writing them to T rows (queries, the cache) is exact.
+// results are T values, so writing them to T rows (queries, the cache) is exact. This
+// is the element-by-element form, for heads whose halves are not whole vectors; the
+// others take norm_rope_head_vec below.
 template <typename T>
 inline void norm_rope_head(const T* src, const T* norm_w, const float* cos, const float* sin, int64_t D, float eps,
                            float* x, T* normed, T* dst) {
@@ -100,25 +102,17 @@ inline void norm_rope_head(const T* src, const T* norm_w, const float* cos, cons
     load_row<T>(src, nullptr, x, D);
   }
   const int64_t half = D / 2;
-  if (half % VS == 0) {
-    for (int64_t d = 0; d < half; d += VS) {
-      const Vec lo = Vec::loadu(x + d), hi = Vec::loadu(x + half + d);
-      store_vec(dst + d, rnd_vec<T>(rnd_vec<T>(lo * Vec::loadu(cos + d)) + rnd_vec<T>(hi.neg() * Vec::loadu(sin + d))));
-      store_vec(dst + half + d, rnd_vec<T>(rnd_vec<T>(hi * Vec::loadu(cos + half + d)) +
-                                           rnd_vec<T>(lo * Vec::loadu(sin + half + d))));
-    }
-    return;
-  }
   for (int64_t d = 0; d < D; ++d) {
     const float rot = d < half ? -x[d + half] : x[d - half];
     dst[d] = from_float<T>(rnd<T>(x[d] * cos[d]) + rnd<T>(rot * sin[d]));
   }
 }
 
-// The same for a head of NV whole vectors, in registers, written straight to its row
-// (the queries' or the cache's). A head is 4 vectors at W1's head dim; through buffers,
-// with a scalar loop for the cache's copy and the queries written as fp32, the op ran at
-// 11 GB/s (2,048 rows of W1's shape: 1.17 ms a layer; now 0.7 ms).
+// The same for a head of NV whole vectors (NV even: each half whole vectors), in
+// registers, written straight to its row (the queries' or the cache's). A head is 4
+// vectors at W1's head dim; through scratch rows, with a scalar loop for the cache's copy
+// and the queries written as fp32, the op ran at 11 GB/s (2,048 rows of W1's shape: 1.17
+// ms a layer; 0.91 ms this way, bit-identical).
 template <typename T, int NV>
 inline void norm_rope_head_vec(const T* src, const T* norm_w, const Vec* c, const Vec* s, float eps, T* dst) {
   static_assert(NV % 2 == 0, "rotate-half takes whole vectors from each half");
@@ -165,12 +159,13 @@ template <typename T>
 void qkv_rope_impl(const T* qkv, const T* q_norm, const T* k_norm, const float* cos, const float* sin,
                    const int64_t* positions, const int64_t* slots, T* k_cache, T* v_cache, T* q_out,
                    int64_t rows, int64_t H, int64_t KVH, int64_t D, float eps) {
-  switch (D == 2 * VS ? 2 : D == 4 * VS ? 4 : D == 8 * VS ? 8 : D == 16 * VS ? 16 : 0) {
-    case 2: return qkv_rope_rows_vec<T, 2>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
-    case 4: return qkv_rope_rows_vec<T, 4>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
-    case 8: return qkv_rope_rows_vec<T, 8>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
-    case 16: return qkv_rope_rows_vec<T, 16>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
-    default: break;  // other head dims: through the buffers below
+  // The even vector counts among the head dims paged attention computes.
+  switch (D % VS == 0 ? D / VS : 0) {
+#define SHOAL_CASE(nv) \
+  case nv: return qkv_rope_rows_vec<T, nv>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
+    SHOAL_CASE(2) SHOAL_CASE(4) SHOAL_CASE(6) SHOAL_CASE(8) SHOAL_CASE(10) SHOAL_CASE(12) SHOAL_CASE(16) SHOAL_CASE(32)
+#undef SHOAL_CASE
+    default: break;  // other head dims: element by element, through scratch rows
   }
   const int64_t width = (H + 2 * KVH) * D;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
