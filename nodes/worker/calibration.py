@@ -29,8 +29,8 @@ from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 4  # 2: the native engine (fused ops, paged prefill) and the budget probe; 3: α_d >= 0;
-# 4: a fit below the floor is measured again
+CALIBRATION_VERSION = 5  # 2: the native engine (fused ops, paged prefill) and the budget probe; 3: α_d >= 0;
+# 4: a fit below the floor is measured again; 5: large step tensors no longer page-fault (step_buffers.py)
 
 
 def device_name() -> str:

@@ -22,6 +22,7 @@ from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
 from shoal.nodes.worker.sampler import sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
+from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.tokenizer import TextTokenizer
 from shoal.protocol.sequence_state import SequenceState, StateError
 from shoal.sampling import RequestError, SamplingParams
@@ -91,6 +92,9 @@ class LLMEngine:
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
         self.runner = ModelRunner(self.model, self.cache, kernel)
+        # From here on, freed step tensors stay in malloc's heap (after loading: what the
+        # load freed goes back to the kernel).
+        keep_step_buffers()
         self.planner = MixedBatchPlanner(self.planner_config())
         self.seqs: dict[object, Sequence] = {}
         self.running: list[Sequence] = []  # admission order

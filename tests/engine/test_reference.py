@@ -74,6 +74,26 @@ def test_tiny_matches_transformers(tiny_model, chunked, attention):
     assert eng.stats.steps > 0 and not eng.has_unfinished()
 
 
+def test_mlp_in_pieces_matches_transformers(tiny_model, monkeypatch):
+    """Steps whose MLP rows outgrow what malloc keeps (step_buffers.py) run the MLP in
+    pieces of rows: the same logits. The limit is shrunk so a tiny model's steps split."""
+    from shoal.nodes.worker import step_buffers
+    from shoal.nodes.worker.models import decoder
+
+    eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=256))
+    row_bytes = eng.model.layers[0].mlp.gate_up.out_features * 4  # fp32
+    monkeypatch.setattr(step_buffers, "LARGEST_STEP_TENSOR", 24 * row_bytes)
+    split = []
+
+    def recording(rows, nbytes):
+        piece = step_buffers.chunk_rows(rows, nbytes)
+        split.append(piece < rows)
+        return piece
+    monkeypatch.setattr(decoder, "chunk_rows", recording)
+    check_against_hf(tiny_model, eng, random_prompts(6, 512, MIXED, seed=4), max_tokens=12, greedy_refs=1)
+    assert any(split) and not all(split), "no step was split (or every step was)"
+
+
 def test_other_families_match_transformers(tiny_model_family):
     eng = LLMEngine(tiny_model_family, EngineConfig(max_num_batched_tokens=96))
     check_against_hf(tiny_model_family, eng, random_prompts(6, 512, MIXED, seed=1), max_tokens=16, greedy_refs=1)
