@@ -45,3 +45,12 @@ class HeldSequences:
     def clear(self) -> None:
         with self._lock:
             self._ids.clear()
+
+    def keep_only(self, kept: dict[str, set]) -> int:
+        """Lets go of every id not in `kept` (job_id -> ids); returns how many stay."""
+        with self._lock:
+            for job_id in list(self._ids):
+                self._ids[job_id] &= kept.get(job_id, set())
+                if not self._ids[job_id]:
+                    del self._ids[job_id]
+            return sum(len(ids) for ids in self._ids.values())

@@ -8,7 +8,8 @@ lost, and leaving the cluster once a drain has moved everything away.
 - When the lease expired (the process was frozen or cut off), the scheduler has placed
   this worker's work elsewhere: `let_go` (on the lease thread) asks the compute thread
   to drop everything before the node registers again as a new incarnation (a result
-  already computed is still written: storage keeps the first).
+  already computed is still written, and its sequence held until then, so that placed
+  here again it is not run twice: storage keeps the first).
 - A draining worker that holds nothing (no sequence, no SuperBatch, no transfer, nothing
   unwritten) leaves the cluster and exits.
 """
@@ -60,10 +61,13 @@ class Liveness:
                 dropped += len(item.sequences) if isinstance(item, Admit) else 0
             except queue.Empty:
                 break
-        node.held.clear()
+        # A finished sequence whose result is not stored yet stays held: the new leader may
+        # place it again (storage has no result for it) and it must not run twice here.
+        kept = node.held.keep_only(node.writer.unwritten())
         node.generation += 1
         node.counters["sequences.dropped_on_rejoin"] += dropped
-        log.warning("[rejoin] lease lost: dropped %d held sequences; registering again", dropped)
+        log.warning("[rejoin] lease lost: dropped %d held sequences (%d finished, still held until stored); "
+                    "registering again", dropped, kept)
         self._reset.clear()
         self._reset_done.set()
 

@@ -52,6 +52,8 @@ class ResultWriter:
         self.embedded: queue.Queue = queue.Queue()  # (job_id, work, Arrow IPC blob)
         self._wake = threading.Event()
         self._writing = False  # entries taken off the queues and not yet delivered
+        self._results_out: list = []  # the results among them
+        self._out_lock = threading.Lock()  # a result is always in the queue or in _results_out
         self._thread = threading.Thread(target=self._run, name="result-writer", daemon=True)
 
     def start(self) -> None:
@@ -60,6 +62,15 @@ class ResultWriter:
     def put(self, q: queue.Queue, entry) -> None:
         q.put(entry)
         self._wake.set()
+
+    def unwritten(self) -> dict[str, set]:
+        """job_id -> ids of the results computed here and not yet stored."""
+        with self._out_lock, self.results.mutex:
+            entries = [*self.results.queue, *self._results_out]
+        out: dict[str, set] = {}
+        for job_id, rec, _ in entries:
+            out.setdefault(job_id, set()).add(rec["id"])
+        return out
 
     def busy(self) -> bool:
         return bool(self._writing or self.results.qsize() or self.checkpoints.qsize() or self.moved.qsize()
@@ -79,7 +90,9 @@ class ResultWriter:
         while not self.stop.is_set():
             self._writing = True
             ckpts, moved = self._take(self.checkpoints), self._take(self.moved)
-            batch, embedded = self._take(self.results), self._take(self.embedded)
+            with self._out_lock:
+                batch = self._results_out = self._take(self.results)
+            embedded = self._take(self.embedded)
             if not (ckpts or moved or batch or embedded):
                 self._writing = False
                 self._wake.wait(1.0)  # set by put: no polling while idle
@@ -92,6 +105,7 @@ class ResultWriter:
                     self._report_moves(moved)
                 if batch:
                     self._write_results(batch)
+                self._results_out = []
                 while embedded:
                     self._write_embeddings(*embedded[0])
                     embedded.pop(0)

@@ -16,3 +16,12 @@ def test_taken_once_released_and_listed_by_job():
     assert held.by_job() == {"k": [1]} and held.any()
     held.clear()
     assert not held.any() and held.by_job() == {}
+
+
+def test_keep_only_lets_go_of_the_rest():
+    held = HeldSequences()
+    held.take("j", [{"seq_id": 1}, {"seq_id": 2}, {"seq_id": 3}])
+    held.take("k", [{"seq_id": 1}])
+    assert held.keep_only({"j": {2, 3, 9}, "x": {1}}) == 2  # 9: not held, not added
+    assert held.by_job() == {"j": [2, 3]} and not held.holds("k", 1)
+    assert held.keep_only({}) == 0 and not held.any()
