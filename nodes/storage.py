@@ -13,7 +13,6 @@ covers its records, so an acknowledged result survives a crash of any process.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 

@@ -352,7 +352,8 @@ def main() -> int:
     print(f"W3: {want['questions']} questions, {want['generates']} generates, {want['retrievals']} retrievals, "
           f"{want['generated_tokens']} generated tokens; passages {meta['passages']} (sha {meta['passages_sha']}), "
           f"questions sha {meta['questions_sha']}", flush=True)
-    print(f"CPU: {cpu_summary()}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
+    cpu = cpu_summary()
+    print(f"CPU: {cpu}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
           f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
@@ -370,8 +371,9 @@ def main() -> int:
             print(f"shoal-cluster vs {peer}: {format_ratio(ratios, 'x')} faster", flush=True)
     results = rounds[0]
     if args.json:
-        Path(args.json).write_text(json.dumps({"workload": want, "data": meta, "cpu": flags, "results": results,
-                                               "rounds": rounds}, indent=2))
+        Path(args.json).write_text(json.dumps({"workload": want, "data": meta, "cpu": cpu, "dtype": dtype.name,
+                                               "ceiling_gflops": ceiling, "results": results, "rounds": rounds},
+                                              indent=2))
     return 0
 
 
