@@ -347,7 +347,8 @@ class SchedulerCore:
             pending = sum(len(j.pending) + (not j.fully_read) for j in self.jobs.values()
                           if j.running and not j.embedding)
             active = {w: n for w, n in held.items() if w not in self.draining}
-            moves = plan_steals(active, cap, pending, busy=set(self.moving))
+            speeds = {w: i.speed for w, i in self.workers.items() if i.speed}
+            moves = plan_steals(active, cap, pending, busy=set(self.moving), speed=speeds)
         out = []
         for m in moves:
             out += self._split_move(m, by_worker.get(m.source, {}))

@@ -6,9 +6,14 @@ MigrateSequences command; the source worker picks which sequences go (queued one
 first, then those with the least progress), since only it knows their state.
 
 Stealing only starts when nothing is waiting to be placed: while a job still has
-pending items, an idle worker simply gets those. It moves half the gap between the
-most and the least loaded worker, so two workers never trade the same sequences back
-and forth, and never more than the target can hold.
+pending items, an idle worker simply gets those. A worker's load is the time it needs
+for what it holds, held / speed (sequence-steps per second from its calibration; equal
+speeds make it the count). A move goes from the worker with the most time left to the
+one with the least, the count that leaves both with the same time (half the gap when
+speeds are equal), so two workers never trade the same sequences back and forth, and
+never more than the target can hold. Counting sequences alone sent work from fast
+cards to slow ones (a fast card holds more): simulated with half H200 and half RTX PRO
+6000 cards, stealing by count made a job slower than no stealing at all.
 """
 
 from __future__ import annotations
@@ -24,21 +29,26 @@ class Move:
 
 
 def plan_steals(held: dict[str, int], capacity: dict[str, int], pending: int, busy: set[str] = frozenset(),
-                min_gap: int = 4) -> list[Move]:
-    """Moves from the most to the least loaded workers. `busy`: workers with a move
-    under way (neither side of a new one until it is reported)."""
+                min_gap: int = 4, speed: dict[str, float] | None = None) -> list[Move]:
+    """Moves from the workers with the most time left to those with the least. `busy`:
+    workers with a move under way (neither side of a new one until it is reported).
+    `speed`: each worker's sequence-steps per second (a worker without one counts as
+    the mean of the others). A move needs a gap of min_gap between equal workers, or
+    the time-equivalent of it between unequal ones."""
     if pending > 0:
         return []
     free = {w: n for w, n in held.items() if w not in busy}
+    known = [x for x in (speed or {}).values() if x]
+    typical = sum(known) / len(known) if known else 1.0
+    v = {w: (speed or {}).get(w) or typical for w in free}
     moves = []
     while len(free) >= 2:
-        src = max(free, key=lambda w: (free[w], w))
-        dst = min(free, key=lambda w: (free[w], w))
-        gap = free[src] - free[dst]
-        if gap < min_gap:
-            break
-        count = min(gap // 2, capacity.get(dst, 0) - free[dst])
-        if count <= 0:
+        src = max(free, key=lambda w: (free[w] / v[w], free[w], w))
+        dst = min(free, key=lambda w: (free[w] / v[w], free[w], w))
+        # (h_s - c) / v_s = (h_d + c) / v_d: both then finish together.
+        even = (free[src] * v[dst] - free[dst] * v[src]) / (v[src] + v[dst])
+        count = min(int(even + 1e-9), capacity.get(dst, 0) - free[dst])
+        if 2 * even + 1e-9 < min_gap or count <= 0:
             break
         moves.append(Move(src, dst, count))
         del free[src], free[dst]
