@@ -24,7 +24,7 @@ from shoal.scheduler.job import Job, assignment, unit_id
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
 from shoal.scheduler.superbatch import pack
-from shoal.scheduler.worker_info import WorkerInfo
+from shoal.scheduler.worker_info import WorkerInfo, filled_speeds
 
 log = logging.getLogger(__name__)
 
@@ -271,9 +271,8 @@ class SchedulerCore:
         return out
 
     def _place(self, job: Job, workers: dict[str, WorkerInfo]) -> list[AssignSequences]:
-        known = [w.speed for w in workers.values() if w.speed is not None]
-        typical = sum(known) / len(known) if known else 1.0  # uncalibrated workers count as average
-        loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), self._caps[wid], w.speed or typical,
+        speed = filled_speeds({wid: w.speed for wid, w in workers.items()})
+        loads = [WorkerLoad(wid, w.kv_tokens, self.held.get(wid, 0), self._caps[wid], speed[wid],
                             w.max_seq_tokens)
                  for wid, w in workers.items()]
         # Each placement takes a slot: past the free slots nothing is placed this tick, so
@@ -347,8 +346,8 @@ class SchedulerCore:
             pending = sum(len(j.pending) + (not j.fully_read) for j in self.jobs.values()
                           if j.running and not j.embedding)
             active = {w: n for w, n in held.items() if w not in self.draining}
-            speeds = {w: i.speed for w, i in self.workers.items() if i.speed}
-            moves = plan_steals(active, cap, pending, busy=set(self.moving), speed=speeds)
+            moves = plan_steals(active, cap, pending, busy=set(self.moving),
+                                speed={w: self.workers[w].speed for w in active})
         out = []
         for m in moves:
             out += self._split_move(m, by_worker.get(m.source, {}))

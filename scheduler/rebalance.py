@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.scheduler.worker_info import filled_speeds
+
 
 @dataclass(frozen=True)
 class Move:
@@ -38,9 +40,7 @@ def plan_steals(held: dict[str, int], capacity: dict[str, int], pending: int, bu
     if pending > 0:
         return []
     free = {w: n for w, n in held.items() if w not in busy}
-    known = [x for x in (speed or {}).values() if x]
-    typical = sum(known) / len(known) if known else 1.0
-    v = {w: (speed or {}).get(w) or typical for w in free}
+    v = filled_speeds({w: (speed or {}).get(w) for w in held})
     moves = []
     while len(free) >= 2:
         src = max(free, key=lambda w: (free[w] / v[w], free[w], w))

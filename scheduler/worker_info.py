@@ -24,3 +24,11 @@ class WorkerInfo:
         return cls(node_id, info.get("incarnation"), int(info.get("max_seqs", DEFAULT_MAX_SEQS)),
                    int(info.get("kv_tokens", 1 << 30)), info.get("max_seq_tokens"),
                    1.0 / beta_d if beta_d > 0 else None, info.get("encoder"))
+
+
+def filled_speeds(speeds: dict[str, float | None]) -> dict[str, float]:
+    """Each worker's speed, an uncalibrated one (None) counted as the mean of the others:
+    placement and stealing compare workers by it (all 1.0 when none is calibrated)."""
+    known = [v for v in speeds.values() if v]
+    typical = sum(known) / len(known) if known else 1.0
+    return {w: v or typical for w, v in speeds.items()}
