@@ -22,24 +22,39 @@ that share bounds the throughput those parts take from generation. The router's 
 is printed apart: it is the client's result polling, not delivery.
 
     python scripts/bench_cluster.py --dtype float32 --sequences 16 --rounds 3
+
+`--pause-others S` measures the other processes' cost a second way, inside one job, so
+that the machine's drift between runs drops out (`paused_windows.py`): one more job runs
+while every process but the worker (router, scheduler, storage, etcd) is paused and
+resumed in turns of S seconds, and each step the worker ran beside them is compared with
+its neighbours that ran while they were paused.
+
+    python scripts/bench_cluster.py --sequences 128 --rounds 0 --pause-others 1.5
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster_stats import node_cpu_seconds  # noqa: E402
+from paused_windows import running_over_paused  # noqa: E402
 from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
 
 def main() -> None:
     ap = bench_arguments(__doc__, rounds=3)
     ap.add_argument("--policy", default="mb")
+    ap.add_argument("--pause-others", type=float, default=0.0, metavar="S",
+                    help="also run one job pausing and resuming the other nodes every S seconds (0: not)")
     args = ap.parse_args()
     import shoal
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
@@ -80,8 +95,10 @@ def main() -> None:
               f"-> delivery and logs {100 * shares[-1]:.2f}% of the worker's", flush=True)
         return wall, spent["worker"]
 
-    cold_inproc, _ = in_process(seed=1)
-    with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy) as cluster:
+    cold_inproc = in_process(seed=1)[0] if args.rounds else None
+    step_log = Path(tempfile.mkdtemp(prefix="shoal-steps-")) / "steps.log"
+    with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy,
+                            worker_args=["--step-log", str(step_log)]) as cluster:
         client = shoal.Client(cluster.router)
         time.sleep(3)
         a = node_cpu_seconds(cluster)
@@ -89,7 +106,9 @@ def main() -> None:
         idle.update({k: (v - a[k]) / 15 for k, v in node_cpu_seconds(cluster).items()})
         print("idle CPU per second: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in idle.items()), flush=True)
         cold_cluster, _ = cluster_job(client, cluster, "warm-up", seed=2)
-        print(f"cold (first run of a fresh process): in-process {cold_inproc:.1f} s, cluster {cold_cluster:.1f} s", flush=True)
+        if cold_inproc is not None:
+            print(f"cold (first run of a fresh process): in-process {cold_inproc:.1f} s, cluster {cold_cluster:.1f} s",
+                  flush=True)
         for r in range(args.rounds):
             inproc, inproc_cpu = in_process(seed=3 + 2 * r)
             wall, worker_cpu = cluster_job(client, cluster, f"round-{r}", seed=4 + 2 * r)
@@ -97,12 +116,60 @@ def main() -> None:
             print(f"round {r + 1}: in-process {inproc:.1f} s ({tokens / inproc:.0f} tok/s, {inproc_cpu:.1f} CPU s), "
                   f"cluster {wall:.1f} s ({tokens / wall:.0f} tok/s, worker {worker_cpu:.1f} CPU s): "
                   f"{100 * (wall / inproc - 1):+.1f}%", flush=True)
+        if args.pause_others:
+            paused_job(client, cluster, step_log, work, args.pause_others)
+    if not ratios:
+        return
     med = statistics.median(ratios)
     print(f"W1 x{args.sequences} ({args.dtype}, policy {args.policy}), {args.rounds} rounds: nodes and protocol add "
           f"{100 * (med - 1):+.1f}% wall time (median; per round {', '.join(f'{100 * (x - 1):+.1f}%' for x in ratios)})")
     print(f"storage + scheduler CPU beyond idle: {100 * statistics.median(shares):.2f}% of the worker's (median of "
           f"{len(shares)} jobs; a bound on what acknowledgements and the durable logs take); router (client "
           f"polling): {100 * statistics.median(router_shares):.2f}%")
+
+def paused_job(client, cluster, step_log: Path, work, every: float) -> None:
+    """One more job on fresh tokens, the other nodes paused and resumed in turns of
+    `every` seconds; prints what running beside them cost the worker's steps."""
+    others = [proc.pid for name, (proc, _, _) in cluster.nodes.items() if not name.startswith("worker")]
+    others.append(cluster.etcd.proc.pid)
+    flips: list[tuple[float, bool]] = []
+    done = threading.Event()
+
+    def pause(paused: bool) -> None:
+        for pid in others:
+            os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        flips.append((time.time(), paused))
+
+    def turns() -> None:
+        paused = False
+        try:
+            while not done.wait(every):
+                paused = not paused
+                pause(paused)
+        finally:
+            pause(False)  # never leave a node stopped
+
+    start = len(step_log.read_text().splitlines()) if step_log.exists() else 0
+    job = client.submit(job_items(work.with_fresh_tokens(99)), params={"ignore_eos": True}, job_key="paused")
+    flipper = threading.Thread(target=turns, daemon=True)
+    flipper.start()
+    try:
+        results = job.wait()
+    finally:
+        done.set()
+        flipper.join()
+    assert len(results) == len(work.prompts)
+    steps = [tuple(map(float, line.split())) for line in step_log.read_text().splitlines()[start:]]
+    # The first steps are long prefill steps that straddle every flip: left out.
+    ratios = running_over_paused(steps, flips, skip=8)
+    if not ratios:
+        print("pause-others: no step ran wholly inside a window; use a longer --pause-others")
+        return
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 3 else ratios
+    print(f"pause-others ({every:g} s turns, {len(steps)} steps): a step beside the running nodes took "
+          f"{100 * (statistics.median(ratios) - 1):+.1f}% against its neighbours while they were paused "
+          f"(median of {len(ratios)}; quartiles {100 * (q[0] - 1):+.1f}%, {100 * (q[-1] - 1):+.1f}%)")
+
 
 if __name__ == "__main__":
     main()

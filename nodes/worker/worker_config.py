@@ -21,6 +21,7 @@ class WorkerConfig:
     retrieve_timeout: float = 30.0  # seconds a Retrieve waits for every shard of its index
     retrieve_window_s: float = 0.002  # queries within this window share one search call per shard
     allowed_programs: tuple[str, ...] | None = None  # user programs it may import; None: any
+    step_log: str = ""  # a file to append each step's end time and length to (a diagnostic)
 
 
 def add_worker_args(ap: argparse.ArgumentParser) -> None:
@@ -62,6 +63,9 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                     help="user programs (package.module:function) this worker may import, shell-style "
                          "(mypkg.*:*, or a module pattern); repeat for more. Built-ins always run. Default: "
                          "any on a loopback address, none beyond it")
+    ap.add_argument("--step-log", default="", metavar="PATH",
+                    help="append one line per engine step to PATH: the unix time it ended and its seconds "
+                         "(to measure what else on the host slows the steps; scripts/bench_cluster.py --pause-others)")
 
 
 def config_from_args(args: argparse.Namespace, open_by_default: bool) -> WorkerConfig:
@@ -69,7 +73,7 @@ def config_from_args(args: argparse.Namespace, open_by_default: bool) -> WorkerC
     unless --allow-programs narrows it."""
     allowed = tuple(args.allow_programs or ()) if args.allow_programs is not None or not open_by_default else None
     return WorkerConfig(args.storage, args.stall_timeout, args.checkpoint_tokens, args.link_bytes_per_s,
-                        args.retrieve_timeout, args.retrieve_window_ms / 1000, allowed)
+                        args.retrieve_timeout, args.retrieve_window_ms / 1000, allowed, args.step_log)
 
 
 def load_decoder(args):

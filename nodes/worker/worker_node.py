@@ -70,7 +70,8 @@ class WorkerNode(Node):
         self.link_bytes_per_s = config.link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
         self.generation = 0  # bumped when a lost lease makes us drop everything
-        self.step_times: list[float] = []
+        # Line-buffered: a benchmark reads it while the node runs.
+        self.step_log = open(config.step_log, "a", buffering=1) if config.step_log else None
         # The engine's counters as of its last step (read by the IO thread); its state
         # at start until then, so that a job's stats can be taken as a difference.
         self._engine_snapshot: dict = {"engine": engine.stats_snapshot()} if hasattr(engine, "stats_snapshot") else {}
@@ -380,7 +381,8 @@ class WorkerNode(Node):
                 self.writer.put(self.writer.checkpoints, ckpt)
             self.runner.checkpoints.clear()
             steps += 1
-            self.step_times.append(time.perf_counter() - t)
+            if self.step_log is not None:
+                self.step_log.write(f"{time.time():.6f} {time.perf_counter() - t:.6f}\n")
             self._engine_snapshot = {"engine": self.engine.stats_snapshot()}
 
     def _has_work(self) -> bool:

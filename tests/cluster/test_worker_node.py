@@ -28,7 +28,8 @@ def spawn(cmd, prefix):
 def worker(tmp_path, tiny_model, etcd_endpoint, cluster_name):
     st, st_addr = spawn(["-m", "shoal.nodes.storage", "--dir", str(tmp_path / "st")], "storage:")
     wk, wk_addr = spawn(["-m", "shoal.nodes.worker.worker_node", "--model", str(tiny_model), "--storage", st_addr,
-                         "--policy", "mb", "--etcd", etcd_endpoint, "--cluster", cluster_name, "--node-id", "w-1"],
+                         "--policy", "mb", "--etcd", etcd_endpoint, "--cluster", cluster_name, "--node-id", "w-1",
+                         "--step-log", str(tmp_path / "steps.log")],
                         "worker:")
     yield wk_addr, st_addr
     for p in (wk, st):
@@ -36,7 +37,7 @@ def worker(tmp_path, tiny_model, etcd_endpoint, cluster_name):
         p.wait()
 
 
-def test_assigned_sequences_land_in_storage_with_engine_outputs(worker, tiny_model):
+def test_assigned_sequences_land_in_storage_with_engine_outputs(worker, tiny_model, tmp_path):
     wk_addr, st_addr = worker
     r = random.Random(11)
     prompts = [[r.randrange(511) for _ in range(r.randint(1, 120))] for _ in range(24)]
@@ -76,6 +77,17 @@ def test_assigned_sequences_land_in_storage_with_engine_outputs(worker, tiny_mod
     assert len(rtts) > 0 and max(rtts) < 5
     stats = c.request("StatsQuery", {})["stats"]
     assert stats["counters"]["sequences.assigned"] == len(seqs) and stats["counters"]["sequences.refused"] == 1
+    # --step-log: a line per step, its end time (now-ish) and its length, as the engine counted them.
+    # (The last step's line may land a moment after its results: read until they agree.)
+    for _ in range(50):
+        lines = [tuple(map(float, ln.split())) for ln in (tmp_path / "steps.log").read_text().splitlines()]
+        steps = c.request("StatsQuery", {})["stats"]["engine"]["steps"]
+        if len(lines) == steps:
+            break
+        time.sleep(0.1)
+    assert len(lines) == steps > 0
+    assert all(0 < dt < 60 and abs(end - time.time()) < 300 for end, dt in lines)
+    assert [end for end, _ in lines] == sorted(end for end, _ in lines)
 
 
 def test_model_mismatch_is_refused_at_hello(worker):
