@@ -57,6 +57,22 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return torch.index_select(cache, 0, slots)
 
 
+def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpan], scale: float,
+                 out: torch.Tensor) -> None:
+    """The native forward's prefill chunks that go through SDPA (`ModelRunner`): each
+    reads its keys and values back from the cache, where the step already wrote its own,
+    through `span.slots`; a fresh chunk is causal over itself, a chunk after a cached prefix
+    takes `span.mask`. Writes rows [start, end) of `out`."""
+    group = q.shape[1] // kv_cache.shape[2]
+    for span in spans:
+        ks = gather(kv_cache[0], span.slots).transpose(0, 1).unsqueeze(0)
+        vs = gather(kv_cache[1], span.slots).transpose(0, 1).unsqueeze(0)
+        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0).to(ks.dtype)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=None if span.fresh else span.mask,
+                                           is_causal=span.fresh, scale=scale, enable_gqa=group > 1)
+        out[span.start : span.end] = o[0].transpose(0, 1)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,

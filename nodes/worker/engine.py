@@ -18,7 +18,7 @@ from shoal.nodes.worker.block_manager import BlockManager
 from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig, EngineStats, RequestOutput
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
-from shoal.nodes.worker.model_runner import ModelRunner
+from shoal.nodes.worker.model_runner import ModelRunner, default_sdpa_prefill_work
 from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
 from shoal.nodes.worker.sampler import sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
@@ -91,7 +91,15 @@ class LLMEngine:
                 kernel = None
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
-        self.runner = ModelRunner(self.model, self.cache, kernel)
+        sdpa_work = 0
+        if kernel is not None:
+            sdpa_work = config.sdpa_prefill_work
+            if sdpa_work is None:
+                sdpa_work = default_sdpa_prefill_work(kernel.vector_width(), dtype)
+            if sdpa_work:
+                log.info("[attention] prefill chunks of %d+ rows x context through SDPA, the rest in the native kernel",
+                         sdpa_work)
+        self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=sdpa_work)
         # From here on, freed step tensors stay in malloc's heap (after loading: what the
         # load freed goes back to the kernel).
         keep_step_buffers()

@@ -7,6 +7,14 @@ tables (a fresh prompt too: the kernel's tiled loop measured 1.5x faster than ca
 SDPA on 512-token prompts). Without the kernel (the reference path), decodes and
 cached-prefix chunks gather their slots and use SDPA, and a fresh prompt runs causal
 SDPA on the step's own keys.
+
+One exception on the native path: fp32 on an AVX2 build, where the kernel's prefill
+tiles computed at a third of the matmul rate (35-44 GFLOP/s against 140, 2-core Zen 3)
+and torch's blocked CPU flash kernel behind `scaled_dot_product_attention` at up to twice
+theirs on large chunks (1.8x at 1,536 fresh rows, 1.7x at 512 rows over 1,900 keys, about
+even at 512 fresh rows, 0.56x at 190), chunks of at least `sdpa_prefill_work` rows x
+context gather their keys and values from the cache and run SDPA; decodes and smaller
+chunks stay in the kernel.
 """
 
 from __future__ import annotations
@@ -19,12 +27,27 @@ from shoal.nodes.worker.models.decoder import DecoderLM
 from shoal.nodes.worker.sequence import Sequence
 
 
+# Rows x context from which a prefill chunk goes through SDPA where that is the default:
+# 512 fresh rows (about even), 256 rows over 1,200 keys (SDPA 1.6x), not W1's ~190-token
+# prompts (36k: the tiles 1.8x).
+SDPA_PREFILL_WORK = 1 << 18
+
+
+def default_sdpa_prefill_work(vector_width: int, dtype: torch.dtype) -> int:
+    """Where large prefill chunks leave the kernel for SDPA by default: fp32 on an AVX2
+    build (8 floats a vector). Elsewhere 0 (never): the bf16 and AMX tiles, and the
+    AVX-512 build, were measured ahead of SDPA."""
+    return SDPA_PREFILL_WORK if vector_width == 8 and dtype == torch.float32 else 0
+
+
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cache: KVCache, kernel=None):
+    def __init__(self, model: DecoderLM, cache: KVCache, kernel=None, sdpa_prefill_work: int = 0):
         self.model = model
         self.cache = cache
         self.bs = cache.block_size
         self.kernel = kernel  # the native ops module, or None for the reference path
+        # Native path: prefill chunks of at least this many rows x context go through SDPA.
+        self.sdpa_prefill_work = sdpa_prefill_work if kernel is not None else 0
 
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
@@ -58,13 +81,14 @@ class ModelRunner:
                 ids.extend(seq.tokens(start, end))
                 pos.extend(range(start, end))
                 chunk_slots.append(self.cache.slots_of(seq.block_table, start, end))
-            if n == 1 or self.kernel is not None:
+            by_sdpa = n > 1 and 0 < self.sdpa_prefill_work <= n * end
+            if (n == 1 or self.kernel is not None) and not by_sdpa:
                 rows.append(row)
                 lens.append(n)
                 ctxs.append(end)
                 tables.append(seq.block_table[: -(-end // bs)])
-            elif start == 0:
-                meta.prefills.append(PrefillSpan(row, row + n, fresh=True))
+            elif start == 0:  # on the native path its keys are read back from the cache
+                meta.prefills.append(PrefillSpan(row, row + n, fresh=True, slots=chunk_slots[-1] if by_sdpa else None))
             else:  # the reference path gathers the cached prefix and the chunk
                 q_pos = torch.arange(start, end).unsqueeze(1)
                 mask = torch.arange(end).unsqueeze(0) <= q_pos

@@ -74,6 +74,26 @@ def test_tiny_matches_transformers(tiny_model, chunked, attention):
     assert eng.stats.steps > 0 and not eng.has_unfinished()
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+def test_prefill_chunks_through_sdpa_beside_the_kernel_match_transformers(tiny_model, chunked):
+    """The native forward with every prefill chunk sent through gather + SDPA (what fp32
+    on an AVX2 build does with large chunks), decodes still in the kernel: fresh prompts,
+    chunks after a cached prefix, and steps holding both kinds."""
+    eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
+                                             chunked_prefill=chunked, sdpa_prefill_work=1))
+    assert eng.runner.kernel is not None and eng.runner.sdpa_prefill_work == 1
+    check_against_hf(tiny_model, eng, random_prompts(10, 512, MIXED, seed=5), max_tokens=16)
+
+
+def test_large_prefill_chunks_leave_the_kernel_only_for_fp32_on_avx2():
+    from shoal.nodes.worker.model_runner import SDPA_PREFILL_WORK, default_sdpa_prefill_work
+
+    assert default_sdpa_prefill_work(8, torch.float32) == SDPA_PREFILL_WORK
+    assert default_sdpa_prefill_work(16, torch.float32) == 0  # AVX-512 build
+    assert default_sdpa_prefill_work(8, torch.bfloat16) == 0
+    assert default_sdpa_prefill_work(16, torch.bfloat16) == 0
+
+
 def test_mlp_in_pieces_matches_transformers(tiny_model, monkeypatch):
     """Steps whose MLP rows outgrow what malloc keeps (step_buffers.py) run the MLP in
     pieces of rows: the same logits. The limit is shrunk so a tiny model's steps split."""

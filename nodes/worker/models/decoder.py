@@ -18,7 +18,7 @@ from contextlib import nullcontext
 import torch
 from torch import nn
 
-from shoal.nodes.worker.attention import AttentionMetadata, paged_attention
+from shoal.nodes.worker.attention import AttentionMetadata, paged_attention, prefill_sdpa
 from shoal.nodes.worker.models.config import DecoderConfig
 from shoal.nodes.worker.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
 from shoal.nodes.worker.models.moe import MoeBlock
@@ -70,9 +70,12 @@ class Attention(nn.Module):
                                    meta.slot_mapping, kv_cache[0], kv_cache[1], cfg.num_heads, cfg.num_kv_heads,
                                    cfg.rms_norm_eps)
         out = q.new_empty(q.shape, dtype=x.dtype)  # in the model's dtype: what the o projection takes
-        with traced("shoal::paged_attention"):
-            ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
-                                meta.span_ctx, meta.block_size, self.scale, out)
+        if meta.span_rows is not None:
+            with traced("shoal::paged_attention"):
+                ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
+                                    meta.span_ctx, meta.block_size, self.scale, out)
+        if meta.prefills:  # large fp32 chunks on AVX2 (model_runner.py); profiled as aten's SDPA ops
+            prefill_sdpa(q, kv_cache, meta.prefills, self.scale, out)
         return self.o(out.view(x.shape[0], cfg.q_size))
 
 
