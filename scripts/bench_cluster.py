@@ -127,6 +127,7 @@ def main() -> None:
           f"{len(shares)} jobs; a bound on what acknowledgements and the durable logs take); router (client "
           f"polling): {100 * statistics.median(router_shares):.2f}%")
 
+
 def paused_job(client, cluster, step_log: Path, work, every: float) -> None:
     """One more job on fresh tokens, the other nodes paused and resumed in turns of
     `every` seconds; prints what running beside them cost the worker's steps."""

@@ -58,18 +58,23 @@ def gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpan], scale: float,
-                 out: torch.Tensor) -> None:
-    """The native forward's prefill chunks that go through SDPA (`ModelRunner`): each
-    reads its keys and values back from the cache, where the step already wrote its own,
-    through `span.slots`; a fresh chunk is causal over itself, a chunk after a cached prefix
-    takes `span.mask`. Writes rows [start, end) of `out`."""
+                 out: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> None:
+    """Prefill chunks through SDPA, writing rows [start, end) of `out`: the reference
+    forward's, and on the native path the large fp32 chunks of an AVX2 build
+    (`ModelRunner`). A chunk with `slots` reads its keys and values back from the cache,
+    where the step already wrote its own; a fresh chunk without them (the reference path)
+    takes its rows of the step's `k`, `v`. A fresh chunk is causal over itself, a chunk
+    after a cached prefix takes `span.mask`."""
     group = q.shape[1] // kv_cache.shape[2]
     for span in spans:
-        ks = gather(kv_cache[0], span.slots).transpose(0, 1).unsqueeze(0)
-        vs = gather(kv_cache[1], span.slots).transpose(0, 1).unsqueeze(0)
-        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0).to(ks.dtype)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=None if span.fresh else span.mask,
-                                           is_causal=span.fresh, scale=scale, enable_gqa=group > 1)
+        if span.slots is None:
+            ks, vs = k[span.start : span.end], v[span.start : span.end]
+        else:
+            ks, vs = gather(kv_cache[0], span.slots), gather(kv_cache[1], span.slots)
+        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0).to(ks.dtype)  # [1, H, n, D]
+        o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
+                                           attn_mask=None if span.fresh else span.mask, is_causal=span.fresh,
+                                           scale=scale, enable_gqa=group > 1)
         out[span.start : span.end] = o[0].transpose(0, 1)
 
 
@@ -99,24 +104,5 @@ def paged_attention(
         qd = q[:b].view(b, kvh, group, D)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
         out[:b] = o.reshape(b, H, D)
-    for span in meta.prefills:
-        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        if span.fresh:
-            ks = k[span.start : span.end]
-            vs = v[span.start : span.end]
-            mask, causal = None, True
-        else:
-            ks = gather(kv_cache[0], span.slots)
-            vs = gather(kv_cache[1], span.slots)
-            mask, causal = span.mask, False
-        o = F.scaled_dot_product_attention(
-            qs,
-            ks.transpose(0, 1).unsqueeze(0),
-            vs.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask,
-            is_causal=causal,
-            scale=scale,
-            enable_gqa=group > 1,
-        )
-        out[span.start : span.end] = o[0].transpose(0, 1)
+    prefill_sdpa(q, kv_cache, meta.prefills, scale, out, k, v)
     return out

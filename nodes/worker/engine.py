@@ -91,15 +91,13 @@ class LLMEngine:
                 kernel = None
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
-        sdpa_work = 0
-        if kernel is not None:
-            sdpa_work = config.sdpa_prefill_work
-            if sdpa_work is None:
-                sdpa_work = default_sdpa_prefill_work(kernel.vector_width(), dtype)
-            if sdpa_work:
-                log.info("[attention] prefill chunks of %d+ rows x context through SDPA, the rest in the native kernel",
-                         sdpa_work)
-        self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=sdpa_work)
+        sdpa_work = config.sdpa_prefill_work
+        if sdpa_work is None and kernel is not None:
+            sdpa_work = default_sdpa_prefill_work(kernel.vector_width(), dtype)
+        self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=sdpa_work or 0)
+        if self.runner.sdpa_prefill_work:
+            log.info("[attention] prefill chunks of %d+ rows x context through SDPA, the rest in the native kernel",
+                     self.runner.sdpa_prefill_work)
         # From here on, freed step tensors stay in malloc's heap (after loading: what the
         # load freed goes back to the kernel).
         keep_step_buffers()
