@@ -11,10 +11,18 @@ the first time on 2 cores (only bindings.cpp includes torch/extension.h: parsing
 takes 23 s a file, the ATen headers the kernels include 3 s); later processes load the
 cached build. If the build fails, the engine falls back to gather +
 scaled_dot_product_attention and says so.
+
+torch marks a build in progress with a `lock` file in its folder and makes every other
+process wait while it exists; a process killed mid-build (a worker's first start,
+kill -9) leaves it behind and every later one waits forever. So builds here hold an
+flock of their own, which the kernel drops when its holder dies, and clear torch's file
+under it: whoever holds the flock is the only builder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -69,10 +77,26 @@ def native_ops(isa: str | None = None):
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
         elif isa == "AVX2":
             cflags += ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
-        ext = load(name=f"shoal_native_ops_{_source_digest()}_{isa.lower()}", sources=_SOURCES,
-                   extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+        name = f"shoal_native_ops_{_source_digest()}_{isa.lower()}"
+        with _only_builder(name):
+            ext = load(name=name, sources=_SOURCES, extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
         log.info("[kernels] native ops built for %s (%d floats per vector)", isa, ext.vector_width())
         return ext
     except Exception as e:  # a missing compiler or headers: the portable path still works
         log.warning("[kernels] native ops unavailable (%s); using the torch reference path (gather + SDPA)", e)
         return None
+
+
+@contextlib.contextmanager
+def _only_builder(name: str):
+    """Holds an flock beside torch's build folder for `name`, and removes torch's `lock`
+    file there: under the flock no other process is building, so the file is stale."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory(name, verbose=False))
+    with open(folder.parent / f"{name}.flock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        if (folder / "lock").exists():
+            log.warning("[kernels] removing %s, left by a build that was killed", folder / "lock")
+            (folder / "lock").unlink(missing_ok=True)
+        yield
