@@ -31,6 +31,7 @@ class PrefillSpan:
     fresh: bool  # the chunk is the sequence's whole context: causal over itself, no gather
     slots: torch.Tensor | None = None  # [context_len] cache slots to read when not fresh
     mask: torch.Tensor | None = None  # [n, context_len] bool, True = may attend
+    prefix: int = 0  # cached tokens before the chunk; without a mask, see `attend_after_prefix`
 
 
 @dataclass
@@ -64,7 +65,8 @@ def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpa
     (`ModelRunner`). A chunk with `slots` reads its keys and values back from the cache,
     where the step already wrote its own; a fresh chunk without them (the reference path)
     takes its rows of the step's `k`, `v`. A fresh chunk is causal over itself, a chunk
-    after a cached prefix takes `span.mask`."""
+    after a cached prefix takes `span.mask` (the reference) or, without one, runs as
+    `attend_after_prefix`."""
     group = q.shape[1] // kv_cache.shape[2]
     for span in spans:
         if span.slots is None:
@@ -72,10 +74,34 @@ def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpa
         else:
             ks, vs = gather(kv_cache[0], span.slots), gather(kv_cache[1], span.slots)
         qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0).to(ks.dtype)  # [1, H, n, D]
-        o = F.scaled_dot_product_attention(qs, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0),
-                                           attn_mask=None if span.fresh else span.mask, is_causal=span.fresh,
-                                           scale=scale, enable_gqa=group > 1)
+        ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
+        if span.fresh or span.mask is not None:
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, is_causal=span.fresh,
+                                               scale=scale, enable_gqa=group > 1)
+        else:
+            o = attend_after_prefix(qs, ks, vs, span.prefix, scale)
         out[span.start : span.end] = o[0].transpose(0, 1)
+
+
+def attend_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
+    """A chunk after `prefix` cached tokens ([1, H, n, D] queries over [1, KVH, prefix + n,
+    D] keys): every row sees the whole prefix and its own chunk causally. A mask over the
+    whole rectangle makes the CPU flash kernel compute the chunk's upper triangle only to
+    discard it (twice a fresh prompt's work when the prefix is short, as on a hop whose
+    context window slid); instead two flash calls, unmasked over the prefix and causal over
+    the chunk, merged by their log-sum-exps: with weights e^l1 and e^l2 the row is
+    o2 + sigmoid(l1 - l2) (o1 - o2). The CPU flash kernel takes grouped KV heads as they are."""
+    o1, l1 = _flash_with_lse(q, k[:, :, :prefix], v[:, :, :prefix], False, scale)
+    o2, l2 = _flash_with_lse(q, k[:, :, prefix:], v[:, :, prefix:], True, scale)
+    w = torch.sigmoid(l1 - l2).unsqueeze(-1)
+    return (o2.float() + w * (o1.float() - o2.float())).to(q.dtype)
+
+
+def _flash_with_lse(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention and each row's log-sum-exp of its scores: torch's CPU flash kernel, the
+    one `scaled_dot_product_attention` calls on a CPU (which drops the second output)."""
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
+    return o, lse
 
 
 def paged_attention(

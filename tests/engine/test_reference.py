@@ -75,14 +75,25 @@ def test_tiny_matches_transformers(tiny_model, chunked, attention):
 
 
 @pytest.mark.parametrize("chunked", [True, False])
-def test_prefill_chunks_through_sdpa_beside_the_kernel_match_transformers(tiny_model, chunked):
+def test_prefill_chunks_through_sdpa_beside_the_kernel_match_transformers(tiny_model, chunked, monkeypatch):
     """The native forward with every prefill chunk sent through gather + SDPA (what fp32
     on an AVX2 build does with large chunks), decodes still in the kernel: fresh prompts,
-    chunks after a cached prefix, and steps holding both kinds."""
+    chunks after a cached prefix (two flash calls each), and steps holding both kinds."""
+    from shoal.nodes.worker import attention
+
+    split = []
+    real = attention.attend_after_prefix
+
+    def counting(*a):
+        split.append(1)
+        return real(*a)
+    monkeypatch.setattr(attention, "attend_after_prefix", counting)
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
                                              chunked_prefill=chunked, sdpa_prefill_work=1))
     assert eng.runner.kernel is not None and eng.runner.sdpa_prefill_work == 1
     check_against_hf(tiny_model, eng, random_prompts(10, 512, MIXED, seed=5), max_tokens=16)
+    if chunked:
+        assert split, "no chunk after a cached prefix ran as two flash calls"
 
 
 def test_large_prefill_chunks_leave_the_kernel_only_for_fp32_on_avx2():
