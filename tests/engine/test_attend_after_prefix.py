@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def masked(q, k, v, prefix, scale):
-    n, c = q.shape[2], k.shape[2]
+    c = k.shape[2]
     mask = torch.arange(c).unsqueeze(0) <= torch.arange(prefix, c).unsqueeze(1)
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
