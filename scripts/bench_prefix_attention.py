@@ -20,7 +20,6 @@ import random
 import statistics
 import time
 
-import torch
 import torch.nn.functional as F
 
 from shoal.nodes.worker import attention
@@ -31,9 +30,8 @@ TWO_CALLS = attention.attend_after_prefix
 
 
 def masked_rectangle(q, k, v, prefix, scale):
-    c = k.shape[2]
-    mask = torch.arange(c).unsqueeze(0) <= torch.arange(prefix, c).unsqueeze(1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attention.chunk_mask(prefix, k.shape[2]), scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def run_round(eng: LLMEngine, r: random.Random, first_id: int, way) -> float:

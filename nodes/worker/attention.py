@@ -100,8 +100,13 @@ def attend_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefi
 def _flash_with_lse(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention and each row's log-sum-exp of its scores: torch's CPU flash kernel, the
     one `scaled_dot_product_attention` calls on a CPU (which drops the second output)."""
-    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
-    return o, lse
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[:2]
+
+
+def chunk_mask(start: int, end: int) -> torch.Tensor:
+    """[end - start, end] bool, True where the chunk's row for position start + i may
+    attend: every key up to its own position."""
+    return torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
 
 
 def paged_attention(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from shoal.nodes.worker.attention import AttentionMetadata, PrefillSpan
+from shoal.nodes.worker.attention import AttentionMetadata, PrefillSpan, chunk_mask
 from shoal.nodes.worker.kv_cache import KVCache
 from shoal.nodes.worker.models.decoder import DecoderLM
 from shoal.nodes.worker.sequence import Sequence
@@ -97,8 +97,8 @@ class ModelRunner:
                 if by_sdpa:  # two flash calls: 1.0x-1.5x the masked rectangle, never slower
                     meta.prefills.append(PrefillSpan(row, row + n, fresh=False, slots=slots, prefix=start))
                 else:  # the reference path: SDPA with the chunk's mask
-                    mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)
-                    meta.prefills.append(PrefillSpan(row, row + n, fresh=False, slots=slots, mask=mask))
+                    meta.prefills.append(PrefillSpan(row, row + n, fresh=False, slots=slots,
+                                                     mask=chunk_mask(start, end)))
             row += n
             if sample_mask[i]:
                 logit_rows.append(row - 1)

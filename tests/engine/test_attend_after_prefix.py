@@ -11,14 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shoal.nodes.worker.attention import attend_after_prefix
+from shoal.nodes.worker.attention import attend_after_prefix, chunk_mask
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def masked(q, k, v, prefix, scale):
-    c = k.shape[2]
-    mask = torch.arange(c).unsqueeze(0) <= torch.arange(prefix, c).unsqueeze(1)
+    mask = chunk_mask(prefix, k.shape[2])
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 

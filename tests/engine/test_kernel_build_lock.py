@@ -7,11 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from native_builds import load
-from shoal.nodes.worker.kernels import _source_digest, default_isa
+from shoal.nodes.worker.kernels import build_name, default_isa
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,9 +22,8 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_process():
 
     isa = default_isa()
     load(isa)  # built (or loaded) here first: the child then only has to get past the lock
-    folder = _get_build_directory(f"shoal_native_ops_{_source_digest()}_{isa.lower()}", verbose=False)
-    lock = f"{folder}/lock"
-    open(lock, "w").close()  # what a build killed between taking and releasing it leaves
+    lock = Path(_get_build_directory(build_name(isa), verbose=False)) / "lock"
+    lock.touch()  # what a build killed between taking and releasing it leaves
     child = textwrap.dedent(f"""
         import logging; logging.basicConfig(level=logging.INFO)
         from shoal.nodes.worker.kernels import native_ops
@@ -34,6 +34,6 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_process():
     except subprocess.TimeoutExpired:
         pytest.fail("a process waited on the stale build lock")
     finally:
-        subprocess.run(["rm", "-f", lock])
+        lock.unlink(missing_ok=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "left by a build that was killed" in done.stderr

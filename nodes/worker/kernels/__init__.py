@@ -62,6 +62,11 @@ def default_isa() -> str:
     return os.environ.get("SHOAL_VECTOR_ISA") or vector_isa(cpu_flags())
 
 
+def build_name(isa: str) -> str:
+    """torch's name for this source tree's build for `isa` (its cache folder's name)."""
+    return f"shoal_native_ops_{_source_digest()}_{isa.lower()}"
+
+
 @functools.cache
 def native_ops(isa: str | None = None):
     """The compiled extension module for `isa` (default: `default_isa()`), or None when
@@ -77,7 +82,7 @@ def native_ops(isa: str | None = None):
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
         elif isa == "AVX2":
             cflags += ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
-        name = f"shoal_native_ops_{_source_digest()}_{isa.lower()}"
+        name = build_name(isa)
         with _only_builder(name):
             ext = load(name=name, sources=_SOURCES, extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
         log.info("[kernels] native ops built for %s (%d floats per vector)", isa, ext.vector_width())
