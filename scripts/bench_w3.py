@@ -28,12 +28,14 @@ prompt tokens Shoal computes could be ahead of each peer.
     python scripts/bench_w3.py --questions 64 --sides shoal-cluster,shoal-lockstep
     python scripts/bench_w3.py --vllm-python /tmp/vv/bin/python --json w3.json
     python scripts/bench_w3.py --sides shoal-cluster,shoal-lockstep --rounds 2
+    python scripts/bench_w3.py --kv-cache-gib 12 --vllm-python /tmp/vv/bin/python  # room for every context
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -141,7 +143,7 @@ def run_vllm_lockstep(data: Path, n: int) -> dict:
 # -- Shoal's engine, the same lockstep rounds ----------------------------------------------
 
 
-def run_shoal_lockstep(data: Path, n: int) -> dict:
+def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int) -> dict:
     import numpy as np
 
     from shoal.coroutine import Finished, SequenceCoroutine
@@ -153,7 +155,7 @@ def run_shoal_lockstep(data: Path, n: int) -> dict:
     items = read_jsonl(data / "questions.jsonl")[:n]
     passages = read_jsonl(data / "passages.jsonl")
     vectors = np.load(data / "vectors.npy")
-    engine = LLMEngine(str(data / "model"), EngineConfig())
+    engine = LLMEngine(str(data / "model"), EngineConfig(kv_cache_bytes=kv_cache_bytes))
     encoder = Encoder(meta["encoder"])
     spec = resolve_program("w3")
     times = {"encode": 0.0, "search": 0.0}
@@ -207,12 +209,13 @@ def run_shoal_lockstep(data: Path, n: int) -> dict:
 # -- Shoal through a local cluster ---------------------------------------------------------
 
 
-def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
+def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int, worker_args: list[str]) -> dict:
     import shoal
     from cluster_stats import node_cpu_seconds, worker_stats
 
     meta = json.loads((data / "w3.json").read_text())
     items = read_jsonl(data / "questions.jsonl")[:n]
+    worker_args = [f"--kv-cache-bytes={kv_cache_bytes}", *worker_args]
     with shoal.LocalCluster(str(data / "model"), encoder=meta["encoder"], worker_args=worker_args) as cluster:
         client = shoal.Client(cluster.router)
         client.load_index(str(data / "index"), "default")
@@ -254,12 +257,14 @@ def run_shoal_cluster(data: Path, n: int, worker_args: list[str]) -> dict:
 
 def child(args) -> None:
     data = Path(args.data)
+    kv_cache_bytes = int(args.kv_cache_gib * (1 << 30))
     if args.child == "vllm-lockstep":
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{args.kv_cache_gib:g}"  # read by vllm_cpu_env, before the import
         out = run_vllm_lockstep(data, args.questions)
     elif args.child == "shoal-lockstep":
-        out = run_shoal_lockstep(data, args.questions)
+        out = run_shoal_lockstep(data, args.questions, kv_cache_bytes)
     else:
-        out = run_shoal_cluster(data, args.questions, args.worker_arg or [])
+        out = run_shoal_cluster(data, args.questions, kv_cache_bytes, args.worker_arg or [])
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -287,7 +292,8 @@ def python_has(python: str, module: str) -> bool:
 def run_side(args, side: str, want: dict, ceiling: float, linear_params: int, head_params: int) -> dict | None:
     """One run of `side` in a fresh process; prints its lines and returns its figures."""
     python = args.vllm_python if side == "vllm-lockstep" else sys.executable
-    cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions)]
+    cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions),
+           "--kv-cache-gib", f"{args.kv_cache_gib:g}"]
     cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -328,6 +334,8 @@ def main() -> int:
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--vllm-python", default=sys.executable, help="an interpreter that imports vllm and sentence_transformers")
     ap.add_argument("--worker-arg", action="append", help="passed to the cluster's worker (e.g. --worker-arg=--budget=4096)")
+    ap.add_argument("--kv-cache-gib", type=int, default=4,
+                    help="every side's KV cache (Shoal's default, 4; vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB)")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times, in alternating order")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -357,7 +365,8 @@ def main() -> int:
     print(f"CPU: {cpu}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
-          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection", flush=True)
+          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection; a {args.kv_cache_gib} GiB "
+          f"KV cache on every side", flush=True)
     sides = args.sides.split(",")
     if "vllm-lockstep" in sides and not (python_has(args.vllm_python, "vllm")
                                          and python_has(args.vllm_python, "sentence_transformers")):
