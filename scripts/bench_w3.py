@@ -257,9 +257,9 @@ def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int, worker_args: list
 
 def child(args) -> None:
     data = Path(args.data)
-    kv_cache_bytes = int(args.kv_cache_gib * (1 << 30))
+    kv_cache_bytes = args.kv_cache_gib << 30
     if args.child == "vllm-lockstep":
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{args.kv_cache_gib:g}"  # read by vllm_cpu_env, before the import
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)  # read by vllm_cpu_env, before the import
         out = run_vllm_lockstep(data, args.questions)
     elif args.child == "shoal-lockstep":
         out = run_shoal_lockstep(data, args.questions, kv_cache_bytes)
@@ -293,7 +293,7 @@ def run_side(args, side: str, want: dict, ceiling: float, linear_params: int, he
     """One run of `side` in a fresh process; prints its lines and returns its figures."""
     python = args.vllm_python if side == "vllm-lockstep" else sys.executable
     cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions),
-           "--kv-cache-gib", f"{args.kv_cache_gib:g}"]
+           "--kv-cache-gib", str(args.kv_cache_gib)]
     cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -334,6 +334,7 @@ def main() -> int:
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--vllm-python", default=sys.executable, help="an interpreter that imports vllm and sentence_transformers")
     ap.add_argument("--worker-arg", action="append", help="passed to the cluster's worker (e.g. --worker-arg=--budget=4096)")
+    # 4: the worker's default (`--kv-cache-bytes`), written out: the vLLM child cannot import Shoal.
     ap.add_argument("--kv-cache-gib", type=int, default=4,
                     help="every side's KV cache (Shoal's default, 4; vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB)")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times, in alternating order")
