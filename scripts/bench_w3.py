@@ -29,6 +29,7 @@ prompt tokens Shoal computes could be ahead of each peer.
     python scripts/bench_w3.py --vllm-python /tmp/vv/bin/python --json w3.json
     python scripts/bench_w3.py --sides shoal-cluster,shoal-lockstep --rounds 2
     python scripts/bench_w3.py --kv-cache-gib 12 --vllm-python /tmp/vv/bin/python  # room for every context
+    python scripts/bench_w3.py --kv-cache-gib auto   # each side sizes its own, as a user gets it
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def run_vllm_lockstep(data: Path, n: int) -> dict:
 # -- Shoal's engine, the same lockstep rounds ----------------------------------------------
 
 
-def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int) -> dict:
+def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None) -> dict:
     import numpy as np
 
     from shoal.coroutine import Finished, SequenceCoroutine
@@ -209,13 +210,14 @@ def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int) -> dict:
 # -- Shoal through a local cluster ---------------------------------------------------------
 
 
-def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int, worker_args: list[str]) -> dict:
+def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int | None, worker_args: list[str]) -> dict:
     import shoal
     from cluster_stats import node_cpu_seconds, worker_stats
 
     meta = json.loads((data / "w3.json").read_text())
     items = read_jsonl(data / "questions.jsonl")[:n]
-    worker_args = [f"--kv-cache-bytes={kv_cache_bytes}", *worker_args]
+    if kv_cache_bytes is not None:  # None: the worker's own default
+        worker_args = [f"--kv-cache-bytes={kv_cache_bytes}", *worker_args]
     with shoal.LocalCluster(str(data / "model"), encoder=meta["encoder"], worker_args=worker_args) as cluster:
         client = shoal.Client(cluster.router)
         client.load_index(str(data / "index"), "default")
@@ -257,9 +259,10 @@ def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int, worker_args: list
 
 def child(args) -> None:
     data = Path(args.data)
-    kv_cache_bytes = args.kv_cache_gib << 30
+    kv_cache_bytes = None if args.kv_cache_gib == "auto" else args.kv_cache_gib << 30
     if args.child == "vllm-lockstep":
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)  # read by vllm_cpu_env, before the import
+        if kv_cache_bytes is not None:  # read by vllm_cpu_env, before the import; unset: vLLM sizes its own
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
         out = run_vllm_lockstep(data, args.questions)
     elif args.child == "shoal-lockstep":
         out = run_shoal_lockstep(data, args.questions, kv_cache_bytes)
@@ -327,6 +330,10 @@ def run_side(args, side: str, want: dict, ceiling: float, linear_params: int, he
     return r
 
 
+def gib_or_auto(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=".bench/w3", help="W3's data, written here if missing (model, passages, index)")
@@ -334,9 +341,10 @@ def main() -> int:
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--vllm-python", default=sys.executable, help="an interpreter that imports vllm and sentence_transformers")
     ap.add_argument("--worker-arg", action="append", help="passed to the cluster's worker (e.g. --worker-arg=--budget=4096)")
-    # 4: the worker's default (`--kv-cache-bytes`), written out: the vLLM child cannot import Shoal.
-    ap.add_argument("--kv-cache-gib", type=int, default=4,
-                    help="every side's KV cache (Shoal's default, 4; vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB)")
+    ap.add_argument("--kv-cache-gib", type=gib_or_auto, default=4,
+                    help="every side's KV cache in whole GiB (vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB); "
+                         "auto: each side's own default (Shoal: half the memory available at start; vLLM: its "
+                         "memory utilization of the machine)")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times, in alternating order")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -366,8 +374,8 @@ def main() -> int:
     print(f"CPU: {cpu}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
-          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection; a {args.kv_cache_gib} GiB "
-          f"KV cache on every side", flush=True)
+          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection; KV cache "
+          f"{'each side its own default' if args.kv_cache_gib == 'auto' else f'{args.kv_cache_gib} GiB on every side'}", flush=True)
     sides = args.sides.split(",")
     if "vllm-lockstep" in sides and not (python_has(args.vllm_python, "vllm")
                                          and python_has(args.vllm_python, "sentence_transformers")):

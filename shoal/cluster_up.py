@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from shoal.cluster_file import ClusterFile
+from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
 from shoal.node_process import spawn_node, terminate_pids
 
 
@@ -36,7 +37,8 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                 if role == "storage":
                     args += [f"--data-root={r}" for r in cf.data_roots]
                 if role == "worker":
-                    args += ["--model", cf.model, "--dtype", cf.dtype]
+                    # the host's workers share the memory the KV caches default to
+                    args += ["--model", cf.model, "--dtype", cf.dtype, f"--kv-cache-share={DEFAULT_SHARE / count:.4g}"]
                     args += [f"--allow-programs={p}" for p in cf.allow_programs]
                 proc, address = spawn_node(role, name, args, home / "logs", env, beside_workers="worker" in host.roles)
                 started["pids"].append(proc.pid)

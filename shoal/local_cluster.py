@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from shoal.etcd_server import EtcdServer
+from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
 from shoal.node_process import spawn_node, terminate_pids
 
 
@@ -85,7 +86,7 @@ class LocalCluster:
     def _worker_args(self, name: str) -> list[str]:
         args = ["shoal.nodes.worker.worker_node", "--dtype", self.dtype,
                 "--policy", self.policy, "--node-id", name, "--etcd", self.etcd.endpoint,
-                "--cluster", self.cluster, *self.worker_args]
+                "--cluster", self.cluster, f"--kv-cache-share={DEFAULT_SHARE / self.workers:.4g}", *self.worker_args]
         if self.model:
             args[1:1] = ["--model", self.model]
         if self.encoder:

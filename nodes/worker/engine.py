@@ -18,6 +18,7 @@ from shoal.nodes.worker.block_manager import BlockManager
 from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig, EngineStats, RequestOutput
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
+from shoal.nodes.worker.kv_cache_size import PREFAULT_BYTES, choose_kv_cache_bytes
 from shoal.nodes.worker.model_runner import ModelRunner, default_sdpa_prefill_work
 from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
 from shoal.nodes.worker.sampler import sample, uniform
@@ -76,10 +77,18 @@ class LLMEngine:
         # No more than max_num_seqs full contexts could ever use: a tiny model does not
         # get (and zero) gigabytes of cache it cannot fill.
         useful = config.max_num_seqs * self.model_cfg.max_position_embeddings // config.block_size + 1
-        num_blocks = config.num_blocks or max(1, min(
-            useful, config.kv_cache_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)))
+        kv_bytes, self.kv_cache_reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
+        fits = kv_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)
+        if config.num_blocks:
+            self.kv_cache_reason = "num_blocks as set"
+        elif useful < fits:
+            self.kv_cache_reason += f"; capped at what {config.max_num_seqs} full contexts can use"
+        num_blocks = config.num_blocks or max(1, min(useful, fits))
         self.blocks = BlockManager(num_blocks, config.block_size)
-        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype, prefault=config.kv_prefault)
+        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype,
+                             prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0)
+        log.info("[kv-cache] %.2f GiB, %d blocks of %d tokens: %s", self.cache.nbytes / 2**30, num_blocks,
+                 config.block_size, self.kv_cache_reason)
         kernel = None
         if config.attention == "native":
             from shoal.nodes.worker.kernels import native_ops
@@ -152,6 +161,7 @@ class LLMEngine:
 
         return {**asdict(self.stats), "running": len(self.running), "waiting": len(self.waiting),
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
+                "kv_cache_bytes": self.cache.nbytes, "kv_cache_reason": self.kv_cache_reason,
                 "offloaded": sum(1 for s in self.waiting if s.host_kv is not None),
                 "offloaded_bytes": self.offloaded_bytes,
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -13,14 +15,19 @@ class EngineConfig:
     dtype: str = "auto"
     block_size: int = 16
     num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
-    # 4 GiB, as vLLM's CPU recipe sets it: 350k tokens of W1's model in bf16, so that
-    # sequences waiting on a retrieval keep their prefix for the next hop.
-    kv_cache_bytes: int = 4 << 30
-    # Commit the cache's memory at start (one write over it), as vLLM does by zeroing its
-    # cache: otherwise prefill steps pay for each fresh page's first write, which on the
-    # VMs measured cost 1.2-2.3 s per GiB (15% of a W3-shaped prefill). False: memory is
-    # committed as blocks are first written (an idle cache costs nothing). The default
-    # follows SHOAL_KV_PREFAULT (0: off), which the test suite sets for its many engines.
+    # The KV cache (also the prefix cache that keeps a sequence's context for its next
+    # hop). None: kv_cache_share of the memory available once the model has loaded
+    # (`kv_cache_size.py`; a local cluster gives each of its N workers 1/N of the default
+    # share).
+    kv_cache_bytes: int | None = None
+    kv_cache_share: float = DEFAULT_SHARE
+    # Commit the cache's first 4 GiB at start (one write over them), as vLLM does by zeroing
+    # its cache: otherwise prefill steps pay for each fresh page's first write, which on
+    # the VMs measured cost 1.2-2.3 s per GiB (15% of a W3-shaped prefill). Blocks are
+    # handed out lowest first, so a job stays in committed memory until it outgrows them;
+    # beyond, memory is committed as blocks are first written. False: all of it so (an idle
+    # cache costs nothing). The default follows SHOAL_KV_PREFAULT (0: off), which the test
+    # suite sets for its many engines.
     kv_prefault: bool = field(default_factory=lambda: os.environ.get("SHOAL_KV_PREFAULT", "1") != "0")
     # Tokens per step. None: the device calibration's budget (the largest whose prefill
     # throughput is within 90% of the best probed; `CostModel.step_budget`), or

@@ -19,7 +19,7 @@ def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
 
 class KVCache:
     def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 prefault: bool = False):
+                 prefault_bytes: int = 0):
         self.block_size = block_size
         self.num_blocks = num_blocks
         slots = num_blocks * block_size
@@ -28,14 +28,16 @@ class KVCache:
         # token, model_runner.py). On 2 MB pages where the OS has them (huge_pages.py).
         shape = (2, slots, cfg.num_kv_heads, cfg.head_dim)
         self.layers = [huge_pages.empty(shape, dtype) for _ in range(cfg.num_layers)]
-        if prefault:
-            # One write over all of it now, so that no step pays a page's first write
-            # (EngineConfig.kv_prefault); without it memory is committed as blocks are
-            # first written.
+        # One write over the lowest blocks' slots now, up to prefault_bytes in all, so that
+        # no step pays a page's first write while the job fits them (blocks are handed out
+        # lowest first: `block_manager.py`); the rest is committed as blocks are first written.
+        commit = min(slots, prefault_bytes // self.bytes_for(1) // block_size * block_size)
+        if commit:
             t = time.perf_counter()
             for layer in self.layers:
-                layer.zero_()
-            log.info("[kv-cache] %.2f GiB committed in %.1f s", self.nbytes / (1 << 30), time.perf_counter() - t)
+                layer[:, :commit].zero_()
+            log.info("[kv-cache] %.2f of %.2f GiB committed in %.1f s", commit * self.bytes_for(1) / 2**30,
+                     self.nbytes / 2**30, time.perf_counter() - t)
 
     @property
     def nbytes(self) -> int:

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
+from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,14 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                     "embedding jobs' SuperBatches with it")
     ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="the encoder's compute dtype (vectors are stored as the job asks)")
-    ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
-                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse); "
-                         "committed when the worker starts (SHOAL_KV_PREFAULT=0: as blocks are first written)")
+    ap.add_argument("--kv-cache-bytes", type=int, default=None,
+                    help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse); default: "
+                         "--kv-cache-share of the memory available once the model has loaded. Its first 4 GiB are "
+                         "committed when the worker starts, the rest as blocks are first written "
+                         "(SHOAL_KV_PREFAULT=0: all of it so)")
+    ap.add_argument("--kv-cache-share", type=float, default=DEFAULT_SHARE,
+                    help="without --kv-cache-bytes, the share of the memory available at start that the KV cache takes "
+                         "(a local cluster gives each of its N workers 1/N of the default)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")
@@ -84,7 +90,8 @@ def load_decoder(args):
 
         return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                   max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
-                                                  kv_cache_bytes=args.kv_cache_bytes, device_memory=args.device_memory))
+                                                  kv_cache_bytes=args.kv_cache_bytes, kv_cache_share=args.kv_cache_share,
+                                                  device_memory=args.device_memory))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:

@@ -70,6 +70,9 @@ def test_program_with_two_operations_matches_a_run_alone(tiny_model, tmp_path):
     assert all("a text query needs an encoder: this worker hosts none" in r["error"] for r in missing)
     assert all("max_tokens must be a positive integer, got 'six'" in r["error"] for r in typo)
     assert all(len(r["generations"][0]["token_ids"]) == 2 for r in after)
+    # Each of the two workers sized its KV cache from a quarter of the memory free at start.
+    for w in ("worker-0", "worker-1"):
+        assert "auto: 25% of the " in (tmp_path / "c" / "logs" / f"{w}.log").read_text()
 
 
 def embeds(item):

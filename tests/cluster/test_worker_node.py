@@ -77,6 +77,10 @@ def test_assigned_sequences_land_in_storage_with_engine_outputs(worker, tiny_mod
     assert len(rtts) > 0 and max(rtts) < 5
     stats = c.request("StatsQuery", {})["stats"]
     assert stats["counters"]["sequences.assigned"] == len(seqs) and stats["counters"]["sequences.refused"] == 1
+    # The KV cache was sized by default: half the memory free at start, which a tiny model cannot use.
+    eng = stats["engine"]
+    assert eng["kv_cache_reason"].startswith("auto: 50% of the ") and "capped at what 256 full contexts" in eng["kv_cache_reason"]
+    assert 0 < eng["kv_cache_bytes"] < 1 << 30
     # --step-log: a line per step, its end time (now-ish) and its length, as the engine counted them.
     # (The last step's line may land a moment after its results: read until they agree.)
     for _ in range(50):

@@ -67,12 +67,25 @@ def test_prefault_commits_the_cache_at_start_and_only_when_asked(tiny_model):
     lazy = KVCache(cfg, num_blocks=blocks, block_size=16, dtype=torch.float32)
     assert resident_bytes() - before < lazy.nbytes // 4  # nothing written: nothing committed
     before = resident_bytes()
-    eager = KVCache(cfg, num_blocks=blocks, block_size=16, dtype=torch.float32, prefault=True)
+    eager = KVCache(cfg, num_blocks=blocks, block_size=16, dtype=torch.float32, prefault_bytes=1 << 40)
     assert eager.nbytes == 64 << 20
     assert resident_bytes() - before >= 0.9 * eager.nbytes
     kv = torch.randn(cfg.num_layers, 2, 20, cfg.num_kv_heads, cfg.head_dim)
     eager.write([5, 9], kv)
     assert torch.equal(eager.read([5, 9], 20), kv)
+
+
+def test_prefault_commits_only_the_lowest_blocks_up_to_its_bytes(tiny_model):
+    """A cache larger than the prefault: the first 16 MiB of its 64 MiB are committed (the
+    blocks the block manager hands out first), and the blocks above still work."""
+    cfg = load_decoder_config(tiny_model)
+    before = resident_bytes()
+    cache = KVCache(cfg, num_blocks=8192, block_size=16, dtype=torch.float32, prefault_bytes=16 << 20)
+    grown = resident_bytes() - before
+    assert 0.9 * (16 << 20) <= grown < 0.5 * cache.nbytes
+    kv = torch.randn(cfg.num_layers, 2, 20, cfg.num_kv_heads, cfg.head_dim)
+    cache.write([8191, 0], kv)
+    assert torch.equal(cache.read([8191, 0], 20), kv)
 
 
 def test_engine_prefault_default_follows_the_environment(monkeypatch):
