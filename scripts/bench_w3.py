@@ -344,7 +344,7 @@ def main() -> int:
     ap.add_argument("--kv-cache-gib", type=gib_or_auto, default=4,
                     help="every side's KV cache in whole GiB (vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB); "
                          "auto: each side's own default (Shoal: half the memory available at start; vLLM: its "
-                         "memory utilization of the machine)")
+                         "memory utilization of the machine, 92%% in 0.32.0, less what it holds)")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times, in alternating order")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)

@@ -86,7 +86,7 @@ class LocalCluster:
     def _worker_args(self, name: str) -> list[str]:
         args = ["shoal.nodes.worker.worker_node", "--dtype", self.dtype,
                 "--policy", self.policy, "--node-id", name, "--etcd", self.etcd.endpoint,
-                "--cluster", self.cluster, f"--kv-cache-share={DEFAULT_SHARE / self.workers:.4g}", *self.worker_args]
+                "--cluster", self.cluster, f"--kv-cache-share={DEFAULT_SHARE / max(1, self.workers):.4g}", *self.worker_args]
         if self.model:
             args[1:1] = ["--model", self.model]
         if self.encoder:
@@ -100,7 +100,9 @@ class LocalCluster:
         """Starts one more worker on the running cluster and waits until it registers;
         `host` is the address it listens on, `prefix` wraps its command (`ip netns exec
         NS` puts it on a network host of its own), `extra_args` come after the cluster's
-        worker arguments (and so override them). Returns its address."""
+        worker arguments (and so override them). Returns its address. Its KV cache takes
+        the share of one of the cluster's first `workers` (pass `--kv-cache-share` or
+        `--kv-cache-bytes` in `extra_args` to size it otherwise)."""
         from shoal.nodes.membership import MemberView
 
         address = self._spawn(name, [*self._worker_args(name), f"--bind=tcp://{host or self.host}:0",

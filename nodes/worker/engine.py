@@ -77,13 +77,14 @@ class LLMEngine:
         # No more than max_num_seqs full contexts could ever use: a tiny model does not
         # get (and zero) gigabytes of cache it cannot fill.
         useful = config.max_num_seqs * self.model_cfg.max_position_embeddings // config.block_size + 1
-        kv_bytes, self.kv_cache_reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
-        fits = kv_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)
         if config.num_blocks:
-            self.kv_cache_reason = "num_blocks as set"
-        elif useful < fits:
-            self.kv_cache_reason += f"; capped at what {config.max_num_seqs} full contexts can use"
-        num_blocks = config.num_blocks or max(1, min(useful, fits))
+            num_blocks, self.kv_cache_reason = config.num_blocks, "num_blocks as set"
+        else:
+            kv_bytes, self.kv_cache_reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
+            fits = kv_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)
+            if useful < fits:
+                self.kv_cache_reason += f"; capped at what {config.max_num_seqs} full contexts can use"
+            num_blocks = max(1, min(useful, fits))
         self.blocks = BlockManager(num_blocks, config.block_size)
         self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype,
                              prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0)

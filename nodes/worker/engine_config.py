@@ -14,18 +14,19 @@ class EngineConfig:
     # (`dtype_choice.py`); the engine's own config names the dtype it chose.
     dtype: str = "auto"
     block_size: int = 16
-    num_blocks: int | None = None  # default: as many as kv_cache_bytes holds
+    # Default: as many as kv_cache_bytes holds, and no more than max_num_seqs full contexts use.
+    num_blocks: int | None = None
     # The KV cache (also the prefix cache that keeps a sequence's context for its next
     # hop). None: kv_cache_share of the memory available once the model has loaded
     # (`kv_cache_size.py`; a local cluster gives each of its N workers 1/N of the default
-    # share).
+    # share, and so does a cluster file to the workers of a host).
     kv_cache_bytes: int | None = None
     kv_cache_share: float = DEFAULT_SHARE
     # Commit the cache's first 4 GiB at start (one write over them), as vLLM does by zeroing
     # its cache: otherwise prefill steps pay for each fresh page's first write, which on
-    # the VMs measured cost 1.2-2.3 s per GiB (15% of a W3-shaped prefill). Blocks are
-    # handed out lowest first, so a job stays in committed memory until it outgrows them;
-    # beyond, memory is committed as blocks are first written. False: all of it so (an idle
+    # the VMs measured cost 1.2-2.3 s per GiB (15% of a W3-shaped prefill). Never-used
+    # blocks are handed out lowest first, so a job stays in committed memory until it has
+    # written 4 GiB of KV in all; beyond, memory is committed as blocks are first written. False: all of it so (an idle
     # cache costs nothing). The default follows SHOAL_KV_PREFAULT (0: off), which the test
     # suite sets for its many engines.
     kv_prefault: bool = field(default_factory=lambda: os.environ.get("SHOAL_KV_PREFAULT", "1") != "0")

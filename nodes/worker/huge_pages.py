@@ -6,7 +6,7 @@ step's first write to fresh blocks takes a page fault per 4 KB. Asked for 2 MB p
 (`madvise(MADV_HUGEPAGE)`, honoured where transparent huge pages are `always` or
 `madvise`, the common default), the same memory costs 512 times fewer of both.
 Memory is still committed only where it is first written, in 2 MB steps (the engine
-writes the whole cache at start unless told not to: `EngineConfig.kv_prefault`). Anywhere the
+writes the cache's first 4 GiB at start unless told not to: `EngineConfig.kv_prefault`). Anywhere the
 advice is unknown or refused, this is `torch.empty`.
 """
 

@@ -31,12 +31,12 @@ class KVCache:
         # One write over the lowest blocks' slots now, up to prefault_bytes in all, so that
         # no step pays a page's first write while the job fits them (blocks are handed out
         # lowest first: `block_manager.py`); the rest is committed as blocks are first written.
-        commit = min(slots, prefault_bytes // self.bytes_for(1) // block_size * block_size)
-        if commit:
+        commit_slots = min(slots, prefault_bytes // self.bytes_for(1) // block_size * block_size)
+        if commit_slots:
             t = time.perf_counter()
             for layer in self.layers:
-                layer[:, :commit].zero_()
-            log.info("[kv-cache] %.2f of %.2f GiB committed in %.1f s", commit * self.bytes_for(1) / 2**30,
+                layer[:, :commit_slots].zero_()
+            log.info("[kv-cache] %.2f of %.2f GiB committed in %.1f s", commit_slots * self.bytes_for(1) / 2**30,
                      self.nbytes / 2**30, time.perf_counter() - t)
 
     @property

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
-from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
+from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE, check_share
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,14 @@ class WorkerConfig:
     retrieve_window_s: float = 0.002  # queries within this window share one search call per shard
     allowed_programs: tuple[str, ...] | None = None  # user programs it may import; None: any
     step_log: str = ""  # a file to append each step's end time and length to (a diagnostic)
+
+
+def share_arg(text: str) -> float:
+    """--kv-cache-share: refused when the worker starts, not once its model has loaded."""
+    try:
+        return check_share(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_worker_args(ap: argparse.ArgumentParser) -> None:
@@ -43,7 +51,7 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                          "--kv-cache-share of the memory available once the model has loaded. Its first 4 GiB are "
                          "committed when the worker starts, the rest as blocks are first written "
                          "(SHOAL_KV_PREFAULT=0: all of it so)")
-    ap.add_argument("--kv-cache-share", type=float, default=DEFAULT_SHARE,
+    ap.add_argument("--kv-cache-share", type=share_arg, default=DEFAULT_SHARE,
                     help="without --kv-cache-bytes, the share of the memory available at start that the KV cache takes "
                          "(a local cluster gives each of its N workers 1/N of the default)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
