@@ -184,10 +184,12 @@ def run_transformers(args, work) -> dict:
     return {"wall": time.perf_counter() - t, "output_tokens": produced}
 
 
-def vllm_cpu_env() -> None:
-    """vLLM's CPU recipe, before vllm is imported: a 4 GiB KV cache, as Shoal's, and its
-    OpenMP threads bound to every core (unless the caller set either)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+def vllm_cpu_env(kv_cache_gib: int | None = 4) -> None:
+    """vLLM's CPU recipe, before vllm is imported: a `kv_cache_gib` KV cache (None: vLLM's
+    own default, sized from the machine's memory) and its OpenMP threads bound to every
+    core (unless the caller set either)."""
+    if kv_cache_gib is not None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
 
 

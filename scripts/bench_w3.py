@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -64,10 +63,10 @@ def top_k(vectors, query_vectors, k: int) -> list[list[int]]:
 # -- vLLM's lockstep pipeline (runs in vLLM's own venv: no Shoal imports) -------------------
 
 
-def run_vllm_lockstep(data: Path, n: int) -> dict:
+def run_vllm_lockstep(data: Path, n: int, kv_cache_gib: int | None) -> dict:
     from bench_generate import vllm_cpu_env  # Shoal-free, as this side must be
 
-    vllm_cpu_env()
+    vllm_cpu_env(kv_cache_gib)  # None: vLLM sizes its own cache
     import numpy as np
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
@@ -261,9 +260,7 @@ def child(args) -> None:
     data = Path(args.data)
     kv_cache_bytes = None if args.kv_cache_gib == "auto" else args.kv_cache_gib << 30
     if args.child == "vllm-lockstep":
-        if kv_cache_bytes is not None:  # read by vllm_cpu_env, before the import; unset: vLLM sizes its own
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
-        out = run_vllm_lockstep(data, args.questions)
+        out = run_vllm_lockstep(data, args.questions, None if kv_cache_bytes is None else args.kv_cache_gib)
     elif args.child == "shoal-lockstep":
         out = run_shoal_lockstep(data, args.questions, kv_cache_bytes)
     else:
