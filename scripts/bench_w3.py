@@ -30,6 +30,7 @@ prompt tokens Shoal computes could be ahead of each peer.
     python scripts/bench_w3.py --sides shoal-cluster,shoal-lockstep --rounds 2
     python scripts/bench_w3.py --kv-cache-gib 12 --vllm-python /tmp/vv/bin/python  # room for every context
     python scripts/bench_w3.py --kv-cache-gib auto   # each side sizes its own, as a user gets it
+    python scripts/bench_w3.py --kv-cache-gib auto --vllm-kv-cache-gib 4   # vLLM as its CPU recipe sets it
 """
 
 from __future__ import annotations
@@ -260,7 +261,8 @@ def child(args) -> None:
     data = Path(args.data)
     kv_cache_bytes = None if args.kv_cache_gib == "auto" else args.kv_cache_gib << 30
     if args.child == "vllm-lockstep":
-        out = run_vllm_lockstep(data, args.questions, None if kv_cache_bytes is None else args.kv_cache_gib)
+        gib = args.vllm_kv_cache_gib if args.vllm_kv_cache_gib is not None else args.kv_cache_gib
+        out = run_vllm_lockstep(data, args.questions, None if gib == "auto" else gib)
     elif args.child == "shoal-lockstep":
         out = run_shoal_lockstep(data, args.questions, kv_cache_bytes)
     else:
@@ -294,6 +296,8 @@ def run_side(args, side: str, want: dict, ceiling: float, linear_params: int, he
     python = args.vllm_python if side == "vllm-lockstep" else sys.executable
     cmd = [python, __file__, "--child", side, "--data", args.data, "--questions", str(args.questions),
            "--kv-cache-gib", str(args.kv_cache_gib)]
+    if args.vllm_kv_cache_gib is not None:
+        cmd += ["--vllm-kv-cache-gib", str(args.vllm_kv_cache_gib)]
     cmd += [f"--worker-arg={a}" for a in args.worker_arg or []]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -342,6 +346,9 @@ def main() -> int:
                     help="every side's KV cache in whole GiB (vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB); "
                          "auto: each side's own default (Shoal: half the memory available at start; vLLM: its "
                          "memory utilization of the machine, 92%% in 0.32.0, less what it holds)")
+    ap.add_argument("--vllm-kv-cache-gib", type=gib_or_auto, default=None,
+                    help="vLLM's KV cache, where it should differ from --kv-cache-gib (e.g. auto for Shoal and "
+                         "4, vLLM's CPU recipe, for vLLM)")
     ap.add_argument("--rounds", type=int, default=1, help="run every side this many times, in alternating order")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
@@ -372,7 +379,9 @@ def main() -> int:
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
           f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection; KV cache "
-          f"{'each side its own default' if args.kv_cache_gib == 'auto' else f'{args.kv_cache_gib} GiB on every side'}", flush=True)
+          f"{'each side its own default' if args.kv_cache_gib == 'auto' else f'{args.kv_cache_gib} GiB on every side'}"
+          + (f", vLLM's {args.vllm_kv_cache_gib}" + (" GiB" if args.vllm_kv_cache_gib != "auto" else "")
+             if args.vllm_kv_cache_gib is not None else ""), flush=True)
     sides = args.sides.split(",")
     if "vllm-lockstep" in sides and not (python_has(args.vllm_python, "vllm")
                                          and python_has(args.vllm_python, "sentence_transformers")):
