@@ -261,7 +261,7 @@ def child(args) -> None:
     data = Path(args.data)
     kv_cache_bytes = None if args.kv_cache_gib == "auto" else args.kv_cache_gib << 30
     if args.child == "vllm-lockstep":
-        gib = args.vllm_kv_cache_gib if args.vllm_kv_cache_gib is not None else args.kv_cache_gib
+        gib = vllm_kv_cache_gib(args)
         out = run_vllm_lockstep(data, args.questions, None if gib == "auto" else gib)
     elif args.child == "shoal-lockstep":
         out = run_shoal_lockstep(data, args.questions, kv_cache_bytes)
@@ -335,6 +335,14 @@ def gib_or_auto(text: str) -> int | str:
     return text if text == "auto" else int(text)
 
 
+def vllm_kv_cache_gib(args) -> int | str:
+    return args.kv_cache_gib if args.vllm_kv_cache_gib is None else args.vllm_kv_cache_gib
+
+
+def cache_size(gib: int | str) -> str:
+    return "its own default" if gib == "auto" else f"{gib} GiB"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=".bench/w3", help="W3's data, written here if missing (model, passages, index)")
@@ -378,10 +386,8 @@ def main() -> int:
     print(f"CPU: {cpu}; decoder dtype {dtype.name} ({dtype.reason})", flush=True)
     ceiling, linear_params, head_params = roofline(Path(args.data) / "model", dtype.name)
     print(f"matmul ceiling ({dtype.name}, measured now): {ceiling:.0f} GFLOP/s; decoder {linear_params / 1e6:.0f}M "
-          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection; KV cache "
-          f"{'each side its own default' if args.kv_cache_gib == 'auto' else f'{args.kv_cache_gib} GiB on every side'}"
-          + (f", vLLM's {args.vllm_kv_cache_gib}" + (" GiB" if args.vllm_kv_cache_gib != "auto" else "")
-             if args.vllm_kv_cache_gib is not None else ""), flush=True)
+          f"parameters in its layers, {head_params / 1e6:.0f}M in the output projection; KV cache: Shoal "
+          f"{cache_size(args.kv_cache_gib)}, vLLM {cache_size(vllm_kv_cache_gib(args))}", flush=True)
     sides = args.sides.split(",")
     if "vllm-lockstep" in sides and not (python_has(args.vllm_python, "vllm")
                                          and python_has(args.vllm_python, "sentence_transformers")):

@@ -26,9 +26,9 @@ class EngineConfig:
     # its cache: otherwise prefill steps pay for each fresh page's first write, which on
     # the VMs measured cost 1.2-2.3 s per GiB (15% of a W3-shaped prefill). Never-used
     # blocks are handed out lowest first, so a job stays in committed memory until it has
-    # written 4 GiB of KV in all; beyond, memory is committed as blocks are first written. False: all of it so (an idle
-    # cache costs nothing). The default follows SHOAL_KV_PREFAULT (0: off), which the test
-    # suite sets for its many engines.
+    # written 4 GiB of KV in all; beyond, memory is committed as blocks are first written.
+    # False: all of it so (an idle cache costs nothing). The default follows
+    # SHOAL_KV_PREFAULT (0: off), which the test suite sets for its many engines.
     kv_prefault: bool = field(default_factory=lambda: os.environ.get("SHOAL_KV_PREFAULT", "1") != "0")
     # Tokens per step. None: the device calibration's budget (the largest whose prefill
     # throughput is within 90% of the best probed; `CostModel.step_budget`), or
