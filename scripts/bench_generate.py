@@ -30,6 +30,8 @@ says how much of the ceiling any engine's model FLOP/s can reach on W1 on this m
 
 `--dtype auto` resolves as the worker does (`nodes/worker/dtype_choice.py`): the
 checkpoint's bf16 where this CPU has AVX512_BF16 or AMX, else float32, for every system.
+Shoal's KV cache dtype (`--kv-cache-dtype auto`) resolves as the worker's too: bf16 where
+auto computes the bf16 checkpoint in fp32; the roofline floor counts its bytes.
 """
 
 from __future__ import annotations
@@ -107,8 +109,9 @@ def run_shoal(args, work) -> dict:
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
-    eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, max_num_batched_tokens=args.budget,
-                                             num_threads=args.threads, policy=args.policy))
+    eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                                             max_num_batched_tokens=args.budget, num_threads=args.threads,
+                                             policy=args.policy))
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
     t = time.perf_counter()
     outs = eng.generate(work.prompts, params)
@@ -141,7 +144,7 @@ def run_shoal_cluster(args, work) -> dict:
     from cluster_stats import worker_stats
     from workloads import job_items
 
-    worker_args = ["--budget", str(args.budget)] if args.budget else []
+    worker_args = ["--kv-cache-dtype", args.kv_cache_dtype] + (["--budget", str(args.budget)] if args.budget else [])
     with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, policy=args.policy, worker_threads=args.threads,
                             worker_args=worker_args) as cluster:
         client = shoal.Client(cluster.router)
@@ -235,6 +238,7 @@ def run_system(args, name: str, work, model_params: int, ceiling: float, floor: 
     cmd = [args.vllm_python if name == "vllm" else sys.executable, __file__, "--child", name, "--model", args.model, "--dtype", args.dtype,
            "--sequences", str(args.sequences), "--threads", str(args.threads), "--policy", args.policy]
     cmd += ["--budget", str(args.budget)] if args.budget else []
+    cmd += [] if name == "vllm" else ["--kv-cache-dtype", args.kv_cache_dtype]
     cmd += [] if profile else ["--no-profile"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -271,6 +275,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".bench/model-small", help="made with --preset small if absent")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="Shoal's KV cache dtype; auto resolves as the worker does for the --dtype asked")
     ap.add_argument("--vllm-python", default=sys.executable,
                     help="the interpreter of a venv with vLLM's CPU build (it needs its own torch build)")
     ap.add_argument("--sequences", type=int, default=128)
@@ -296,13 +302,15 @@ def main() -> None:
         from shoal.nodes.worker.models.make_model import make_model
 
         make_model(args.model, preset="small", dtype="bfloat16")
-    if args.dtype == "auto":
-        from shoal.nodes.worker.dtype_choice import choose_dtype, cpu_flags
+    from shoal.nodes.worker.dtype_choice import choose_dtype, choose_kv_cache_dtype, cpu_flags
 
-        flags = {f for f in cpu_flags() if not f.startswith(("avx512", "amx"))} if args.isa == "avx2" else None
-        choice = choose_dtype("auto", args.model, flags=flags)
+    flags = {f for f in cpu_flags() if not f.startswith(("avx512", "amx"))} if args.isa == "avx2" else None
+    choice = choose_dtype(args.dtype, args.model, flags=flags)
+    kv_choice = choose_kv_cache_dtype(args.kv_cache_dtype, args.dtype, choice, args.model)
+    if args.dtype == "auto":
         print(f"dtype auto: {choice.name} ({choice.reason})")
-        args.dtype = choice.name
+    print(f"Shoal's KV cache: {kv_choice.name} ({kv_choice.reason})")
+    args.dtype, args.kv_cache_dtype = choice.name, kv_choice.name
     work = w1(sequences=args.sequences)
     total_tokens = work.prompt_tokens + work.output_tokens
     from shoal.nodes.worker.models.config import load_decoder_config
@@ -320,11 +328,12 @@ def main() -> None:
     print(f"matmul ceiling ({args.dtype}, 1024x768x4096, measured now): {ceiling:.0f} GFLOP/s ("
           + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()) + ")")
     read_gbps = memory_read_gbps(args.threads)
+    # Of a cache in Shoal's KV dtype (an fp32 one reads twice the bytes, a floor this far higher).
     cache_bytes = decode_cache_bytes([len(p) for p in work.prompts], work.output_lens, cfg.num_layers, cfg.kv_size,
-                                     2 if args.dtype == "bfloat16" else 4)
+                                     2 if args.kv_cache_dtype == "bfloat16" else 4)
     floor = floor_seconds(2 * params * total_tokens, ceiling, cache_bytes, read_gbps)
     print(f"roofline floor: {floor['floor_s']:.1f} s = matmuls at the ceiling {floor['matmul_s']:.1f} s + decode KV "
-          f"reads ({cache_bytes / 1e9:.0f} GB at {read_gbps:.1f} GB/s, measured now) {floor['cache_s']:.1f} s; "
+          f"reads ({cache_bytes / 1e9:.0f} GB in {args.kv_cache_dtype} at {read_gbps:.1f} GB/s, measured now) {floor['cache_s']:.1f} s; "
           f"no engine's model FLOP/s can pass {100 * floor['max_matmul_share']:.0f}% of the ceiling on W1 here")
     has_vllm = "vllm" in args.peers and vllm_installed(args.vllm_python)
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]

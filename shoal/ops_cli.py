@@ -165,7 +165,8 @@ def cmd_nodes(args) -> int:
             extra = (f" resident {q.get('resident', 0)} (running {e['running']}, waiting {e['waiting']},"
                      f" suspended on other ops {q.get('waiting_on_ops', 0)}, moving {q.get('moving', 0)},"
                      f" offloaded {q.get('offloaded', 0)}) kv {e['kv_blocks_used']}/{e['kv_blocks_total']} blocks"
-                     + (f" ({e['kv_cache_bytes'] / 2**30:.1f} GiB)" if e.get("kv_cache_bytes") else "") +
+                     + (f" ({e['kv_cache_bytes'] / 2**30:.1f} GiB {e.get('kv_cache_dtype')})" if e.get("kv_cache_bytes")
+                        else "") +
                      f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')},"
                      f" dtype {e.get('dtype')}, budget {e.get('budget')} tokens/step"
                      + (" DRAINING" if st.get("draining") else ""))

@@ -68,12 +68,16 @@ def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpa
     after a cached prefix takes `span.mask` (the reference) or, without one, runs as
     `attend_after_prefix`."""
     group = q.shape[1] // kv_cache.shape[2]
+    # In the wider of the queries' and the cache's dtypes, as the native kernel computes:
+    # an fp32 model over a bf16 cache keeps fp32 queries.
+    wide = torch.promote_types(q.dtype, kv_cache.dtype)
     for span in spans:
-        if span.slots is None:
-            ks, vs = k[span.start : span.end], v[span.start : span.end]
+        if span.slots is None:  # the step's own keys, as the cache holds them
+            ks, vs = as_cached(k[span.start : span.end], kv_cache), as_cached(v[span.start : span.end], kv_cache)
         else:
             ks, vs = gather(kv_cache[0], span.slots), gather(kv_cache[1], span.slots)
-        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0).to(ks.dtype)  # [1, H, n, D]
+        ks, vs = ks.to(wide), vs.to(wide)
+        qs = q[span.start : span.end].transpose(0, 1).unsqueeze(0).to(wide)  # [1, H, n, D]
         ks, vs = ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)
         if span.fresh or span.mask is not None:
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, is_causal=span.fresh,
@@ -81,6 +85,11 @@ def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpa
         else:
             o = attend_after_prefix(qs, ks, vs, span.prefix, scale)
         out[span.start : span.end] = o[0].transpose(0, 1)
+
+
+def as_cached(x: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """Keys or values rounded to the cache's dtype, as reading them back would give them."""
+    return x if x.dtype == kv_cache.dtype else x.to(kv_cache.dtype)
 
 
 def attend_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scale: float) -> torch.Tensor:
@@ -118,8 +127,8 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, KVH, D]; returns [T, H, D]. Writes k, v into the cache."""
-    kv_cache[0].index_copy_(0, meta.slot_mapping, k)
-    kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+    kv_cache[0].index_copy_(0, meta.slot_mapping, as_cached(k, kv_cache))
+    kv_cache[1].index_copy_(0, meta.slot_mapping, as_cached(v, kv_cache))
     T, H, D = q.shape
     kvh = k.shape[1]
     group = H // kvh
@@ -130,9 +139,10 @@ def paged_attention(
         # has no causal structure, so [B, KVH, G, D] against [B, KVH, L, D] is exact and
         # never materializes repeated keys.
         L = meta.decode_len
-        kd = gather(kv_cache[0], meta.decode_slots).view(b, L, kvh, D).transpose(1, 2)
-        vd = gather(kv_cache[1], meta.decode_slots).view(b, L, kvh, D).transpose(1, 2)
-        qd = q[:b].view(b, kvh, group, D)
+        wide = torch.promote_types(q.dtype, kv_cache.dtype)  # as prefill_sdpa computes
+        kd = gather(kv_cache[0], meta.decode_slots).view(b, L, kvh, D).transpose(1, 2).to(wide)
+        vd = gather(kv_cache[1], meta.decode_slots).view(b, L, kvh, D).transpose(1, 2).to(wide)
+        qd = q[:b].view(b, kvh, group, D).to(wide)
         o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_mask, scale=scale)
         out[:b] = o.reshape(b, H, D)
     prefill_sdpa(q, kv_cache, meta.prefills, scale, out, k, v)

@@ -47,12 +47,14 @@ class LLMEngine:
         log.info("[engine] %d torch threads (%s)", threads, why)
         from dataclasses import replace
 
-        from shoal.nodes.worker.dtype_choice import choose_dtype
+        from shoal.nodes.worker.dtype_choice import choose_dtype, choose_kv_cache_dtype
 
         self.dtype_choice = choose_dtype(config.dtype, model_dir)
         if config.dtype == "auto":
             log.info("[dtype] %s: %s", self.dtype_choice.name, self.dtype_choice.reason)
-        config = replace(config, dtype=self.dtype_choice.name)  # calibration and stats name what runs
+        self.kv_dtype_choice = choose_kv_cache_dtype(config.kv_cache_dtype, config.dtype, self.dtype_choice, model_dir)
+        # Calibration and stats name what runs.
+        config = replace(config, dtype=self.dtype_choice.name, kv_cache_dtype=self.kv_dtype_choice.name)
         auto_budget = config.max_num_batched_tokens is None
         if auto_budget:  # until a calibration says otherwise (it runs with this one)
             config = replace(config, max_num_batched_tokens=DEFAULT_BUDGET)
@@ -74,6 +76,7 @@ class LLMEngine:
         self.model_cfg = self.model.cfg
         self.tokenizer = TextTokenizer(model_dir)
         dtype = parse_dtype(config.dtype)
+        kv_dtype = parse_dtype(config.kv_cache_dtype)
         # No more than max_num_seqs full contexts could ever use: a tiny model does not
         # get (and zero) gigabytes of cache it cannot fill.
         useful = config.max_num_seqs * self.model_cfg.max_position_embeddings // config.block_size + 1
@@ -81,15 +84,16 @@ class LLMEngine:
             num_blocks, self.kv_cache_reason = config.num_blocks, "num_blocks as set"
         else:
             kv_bytes, self.kv_cache_reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
-            fits = kv_bytes // (bytes_per_token(self.model_cfg, dtype) * config.block_size)
+            fits = kv_bytes // (bytes_per_token(self.model_cfg, kv_dtype) * config.block_size)
             if useful < fits:
                 self.kv_cache_reason += f"; capped at what {config.max_num_seqs} full contexts can use"
             num_blocks = max(1, min(useful, fits))
         self.blocks = BlockManager(num_blocks, config.block_size)
-        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, dtype,
+        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, kv_dtype,
                              prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0)
         log.info("[kv-cache] %.2f GiB, %d blocks of %d tokens: %s", self.cache.nbytes / 2**30, num_blocks,
                  config.block_size, self.kv_cache_reason)
+        log.info("[kv-cache] %s: %s", config.kv_cache_dtype, self.kv_dtype_choice.reason)
         kernel = None
         if config.attention == "native":
             from shoal.nodes.worker.kernels import native_ops
@@ -163,6 +167,7 @@ class LLMEngine:
         return {**asdict(self.stats), "running": len(self.running), "waiting": len(self.waiting),
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
                 "kv_cache_bytes": self.cache.nbytes, "kv_cache_reason": self.kv_cache_reason,
+                "kv_cache_dtype": self.config.kv_cache_dtype, "kv_cache_dtype_reason": self.kv_dtype_choice.reason,
                 "offloaded": sum(1 for s in self.waiting if s.host_kv is not None),
                 "offloaded_bytes": self.offloaded_bytes,
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,

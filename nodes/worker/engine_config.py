@@ -22,6 +22,9 @@ class EngineConfig:
     # share, and so does a cluster file to the workers of a host).
     kv_cache_bytes: int | None = None
     kv_cache_share: float = DEFAULT_SHARE
+    # "auto": the compute dtype, or bf16 where `dtype="auto"` computes a bf16 checkpoint in
+    # fp32 (decode attention reads half the bytes; `dtype_choice.choose_kv_cache_dtype`).
+    kv_cache_dtype: str = "auto"
     # Commit the cache's first 4 GiB at start (one write over them), as vLLM does by zeroing
     # its cache: otherwise prefill steps pay for each fresh page's first write, which on
     # the VMs measured cost 1.2-2.3 s per GiB (15% of a W3-shaped prefill). Never-used

@@ -8,7 +8,7 @@ import argparse
 import logging
 from dataclasses import dataclass
 
-from shoal.nodes.worker.dtype_choice import DTYPE_NAMES
+from shoal.nodes.worker.dtype_choice import DTYPE_NAMES, KV_CACHE_DTYPE_NAMES
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE, check_share
 
 
@@ -54,6 +54,9 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-cache-share", type=share_arg, default=DEFAULT_SHARE,
                     help="without --kv-cache-bytes, the share of the memory available at start that the KV cache takes "
                          "(a local cluster gives each of its N workers 1/N of the default)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPE_NAMES),
+                    help="dtype the KV cache stores; auto: the compute dtype, or bfloat16 where --dtype auto computes a "
+                         "bfloat16 checkpoint in float32 (half the bytes for decode attention to read)")
     ap.add_argument("--offload-bytes", type=int, default=2 << 30,
                     help="host memory for the KV of sequences preempted when KV blocks run out (restored by a copy, "
                          "not a prefill); 0: they recompute")
@@ -99,7 +102,7 @@ def load_decoder(args):
         return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                   max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
                                                   kv_cache_bytes=args.kv_cache_bytes, kv_cache_share=args.kv_cache_share,
-                                                  device_memory=args.device_memory))
+                                                  kv_cache_dtype=args.kv_cache_dtype, device_memory=args.device_memory))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:

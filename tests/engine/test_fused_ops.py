@@ -76,6 +76,30 @@ def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm, D):
         assert not k_cache[untouched].any() and not v_cache[untouched].any(), "wrote outside its slots"
 
 
+@pytest.mark.parametrize("D", [64, 24])  # 24: the element-by-element loop
+@pytest.mark.parametrize("model, cache", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_qkv_rope_cache_into_a_cache_of_another_dtype(ops, model, cache, D):
+    """An fp32 model over a bf16 cache (`--kv-cache-dtype`): the queries are what an fp32
+    cache would give, bit for bit, and the cache holds the same keys and values rounded
+    to nearest even as torch rounds them (widened, the other way round)."""
+    g = torch.Generator().manual_seed(2)
+    T, H, KVH = 19, 6, 2
+    rope = RotaryEmbedding(D, 4096, 1_000_000.0)
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g).to(model)
+    positions = torch.randint(0, 4096, (T,), generator=g)
+    slots = torch.randperm(64, generator=g)[:T]
+    w = (torch.rand(D, generator=g) + 0.5).to(model)
+    same_k, same_v = torch.zeros(64, KVH, D, dtype=model), torch.zeros(64, KVH, D, dtype=model)
+    other_k, other_v = torch.zeros(64, KVH, D, dtype=cache), torch.zeros(64, KVH, D, dtype=cache)
+    with torch.inference_mode():
+        q_same = ops.qkv_rope_cache(qkv, w, w, rope.cos, rope.sin, positions, slots, same_k, same_v, H, KVH, 1e-6)
+        q_other = ops.qkv_rope_cache(qkv, w, w, rope.cos, rope.sin, positions, slots, other_k, other_v, H, KVH, 1e-6)
+    assert q_other.dtype == model and torch.equal(q_other, q_same)
+    assert torch.equal(other_k, same_k.to(cache)) and torch.equal(other_v, same_v.to(cache))
+    with pytest.raises(RuntimeError, match="both float32 or both bfloat16"):
+        ops.qkv_rope_cache(qkv, w, w, rope.cos, rope.sin, positions, slots, other_k, same_v, H, KVH, 1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul(ops, dtype):
     g = torch.Generator().manual_seed(2)

@@ -86,14 +86,27 @@ void rms_norm_impl(const T* x, T* residual, const T* w, T* out, int64_t rows, in
   });
 }
 
+// A value row into the cache: copied as it is, or rounded to nearest even into a bf16
+// cache under an fp32 model (`dtype_choice.choose_kv_cache_dtype`), or widened.
+template <typename T, typename C>
+inline void copy_row(const T* src, C* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, C>) {
+    std::memcpy(dst, src, n * sizeof(T));
+  } else {
+    int64_t i = 0;
+    for (; i + VS <= n; i += VS) store_vec(dst + i, load_vec(src + i));
+    for (; i < n; ++i) dst[i] = from_float<C>(to_float(src[i]));
+  }
+}
+
 // One head of one token: optional RMSNorm over the head, then rotate-half RoPE:
 // rnd(rnd(x * cos) + rnd(rotate_half(x) * sin)); cos and sin come rounded to T. The
 // results are T values, so writing them to T rows (queries, the cache) is exact. This
 // is the element-by-element form, for heads whose halves are not whole vectors; the
 // others take norm_rope_head_vec below.
-template <typename T>
+template <typename T, typename O>
 inline void norm_rope_head(const T* src, const T* norm_w, const float* cos, const float* sin, int64_t D, float eps,
-                           float* x, T* normed, T* dst) {
+                           float* x, T* normed, O* dst) {
   if (norm_w) {
     const float ss = load_row<T>(src, nullptr, x, D);
     norm_row(x, ss, norm_w, normed, D, eps);
@@ -104,7 +117,7 @@ inline void norm_rope_head(const T* src, const T* norm_w, const float* cos, cons
   const int64_t half = D / 2;
   for (int64_t d = 0; d < D; ++d) {
     const float rot = d < half ? -x[d + half] : x[d - half];
-    dst[d] = from_float<T>(rnd<T>(x[d] * cos[d]) + rnd<T>(rot * sin[d]));
+    dst[d] = from_float<O>(rnd<T>(rnd<T>(x[d] * cos[d]) + rnd<T>(rot * sin[d])));
   }
 }
 
@@ -113,8 +126,8 @@ inline void norm_rope_head(const T* src, const T* norm_w, const float* cos, cons
 // vectors at W1's head dim; through scratch rows, with a scalar loop for the cache's copy
 // and the queries written as fp32, the op ran at 11 GB/s (2,048 rows of W1's shape: 1.17
 // ms a layer; 0.91 ms this way, bit-identical).
-template <typename T, int NV>
-inline void norm_rope_head_vec(const T* src, const T* norm_w, const Vec* c, const Vec* s, float eps, T* dst) {
+template <typename T, int NV, typename O>
+inline void norm_rope_head_vec(const T* src, const T* norm_w, const Vec* c, const Vec* s, float eps, O* dst) {
   static_assert(NV % 2 == 0, "rotate-half takes whole vectors from each half");
   constexpr int HV = NV / 2;
   Vec x[NV];
@@ -132,9 +145,9 @@ inline void norm_rope_head_vec(const T* src, const T* norm_w, const Vec* c, cons
   }
 }
 
-template <typename T, int NV>
+template <typename T, int NV, typename C>
 void qkv_rope_rows_vec(const T* qkv, const T* q_norm, const T* k_norm, const float* cos, const float* sin,
-                       const int64_t* positions, const int64_t* slots, T* k_cache, T* v_cache, T* q_out,
+                       const int64_t* positions, const int64_t* slots, C* k_cache, C* v_cache, T* q_out,
                        int64_t rows, int64_t H, int64_t KVH, float eps) {
   constexpr int64_t D = NV * VS;
   const int64_t width = (H + 2 * KVH) * D;
@@ -148,21 +161,21 @@ void qkv_rope_rows_vec(const T* qkv, const T* q_norm, const T* k_norm, const flo
       }
       for (int64_t h = 0; h < H; ++h)
         norm_rope_head_vec<T, NV>(row + h * D, q_norm, c, s, eps, q_out + (r * H + h) * D);
-      T* kd = k_cache + slots[r] * KVH * D;
+      C* kd = k_cache + slots[r] * KVH * D;
       for (int64_t h = 0; h < KVH; ++h) norm_rope_head_vec<T, NV>(row + (H + h) * D, k_norm, c, s, eps, kd + h * D);
-      std::memcpy(v_cache + slots[r] * KVH * D, row + (H + KVH) * D, KVH * D * sizeof(T));
+      copy_row(row + (H + KVH) * D, v_cache + slots[r] * KVH * D, KVH * D);
     }
   });
 }
 
-template <typename T>
+template <typename T, typename C>
 void qkv_rope_impl(const T* qkv, const T* q_norm, const T* k_norm, const float* cos, const float* sin,
-                   const int64_t* positions, const int64_t* slots, T* k_cache, T* v_cache, T* q_out,
+                   const int64_t* positions, const int64_t* slots, C* k_cache, C* v_cache, T* q_out,
                    int64_t rows, int64_t H, int64_t KVH, int64_t D, float eps) {
   // The even vector counts among the head dims paged attention computes.
   switch (D % VS == 0 ? D / VS : 0) {
 #define SHOAL_CASE(nv) \
-  case nv: return qkv_rope_rows_vec<T, nv>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
+  case nv: return qkv_rope_rows_vec<T, nv, C>(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, q_out, rows, H, KVH, eps);
     SHOAL_CASE(2) SHOAL_CASE(4) SHOAL_CASE(6) SHOAL_CASE(8) SHOAL_CASE(10) SHOAL_CASE(12) SHOAL_CASE(16) SHOAL_CASE(32)
 #undef SHOAL_CASE
     default: break;  // other head dims: element by element, through scratch rows
@@ -180,11 +193,11 @@ void qkv_rope_impl(const T* qkv, const T* q_norm, const T* k_norm, const float* 
       for (int64_t h = 0; h < H; ++h)
         norm_rope_head(row + h * D, q_norm, c.data(), s.data(), D, eps, x.data(), normed.data(),
                        q_out + (r * H + h) * D);
-      T* kd = k_cache + slots[r] * KVH * D;
-      T* vd = v_cache + slots[r] * KVH * D;
+      C* kd = k_cache + slots[r] * KVH * D;
+      C* vd = v_cache + slots[r] * KVH * D;
       for (int64_t h = 0; h < KVH; ++h)
         norm_rope_head(row + (H + h) * D, k_norm, c.data(), s.data(), D, eps, x.data(), normed.data(), kd + h * D);
-      std::memcpy(vd, row + (H + KVH) * D, KVH * D * sizeof(T));
+      copy_row(row + (H + KVH) * D, vd, KVH * D);
     }
   });
 }
@@ -261,8 +274,8 @@ at::Tensor rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double
 
 // qkv: [rows, (H + 2 KVH) D], the fused projection; q_norm, k_norm: [D] or empty (no
 // qk-norm); cos, sin: fp32 tables [positions, D]; positions, slots: [rows] int64. Writes
-// each row's key and value into the cache halves ([slots, KVH, D], qkv's dtype) at its
-// slot; returns the rotated queries [rows, H, D] in qkv's dtype for the attention kernel.
+// each row's key and value into the cache halves ([slots, KVH, D], fp32 or bf16: rounded
+// to it) at its slot; returns the rotated queries [rows, H, D] in qkv's dtype for the attention kernel.
 at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, at::Tensor cos, at::Tensor sin,
                           at::Tensor positions, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache, int64_t H,
                           int64_t KVH, double eps) {
@@ -278,9 +291,10 @@ at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, 
               cos.is_contiguous() && sin.is_contiguous(), "cos, sin: fp32 [positions, head_dim]");
   TORCH_CHECK(positions.dtype() == at::kLong && slots.dtype() == at::kLong && positions.numel() == rows &&
               slots.numel() == rows && positions.is_contiguous() && slots.is_contiguous(), "positions, slots: [rows] int64");
-  TORCH_CHECK(k_cache.dtype() == qkv.dtype() && v_cache.dtype() == qkv.dtype() && k_cache.is_contiguous() &&
-              v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(1) == KVH && k_cache.size(2) == D &&
-              v_cache.sizes() == k_cache.sizes(), "cache halves: [slots, KVH, D] in qkv's dtype");
+  TORCH_CHECK((k_cache.dtype() == at::kFloat || k_cache.dtype() == at::kBFloat16) && v_cache.dtype() == k_cache.dtype() &&
+              k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.size(1) == KVH &&
+              k_cache.size(2) == D && v_cache.sizes() == k_cache.sizes(),
+              "cache halves: [slots, KVH, D], both float32 or both bfloat16");
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -288,16 +302,23 @@ at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, 
     TORCH_CHECK(slot[r] >= 0 && slot[r] < k_cache.size(0), "slot outside the cache");
   }
   auto q = at::empty({rows, H, D}, qkv.options());
+  using B = c10::BFloat16;
+  const bool bf16_cache = k_cache.dtype() == at::kBFloat16;
+  const auto run = [&](auto* qkv_p, auto* q_norm_p, auto* cache_tag) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(qkv_p)>>;
+    using C = std::remove_pointer_t<decltype(cache_tag)>;
+    qkv_rope_impl<T, C>(qkv_p, norm ? q_norm_p : nullptr, norm ? k_norm.data_ptr<T>() : nullptr, cos.data_ptr<float>(),
+                        sin.data_ptr<float>(), pos, slot, k_cache.data_ptr<C>(), v_cache.data_ptr<C>(),
+                        q.data_ptr<T>(), rows, H, KVH, D, (float)eps);
+  };
   if (qkv.dtype() == at::kFloat) {
-    qkv_rope_impl<float>(qkv.data_ptr<float>(), norm ? q_norm.data_ptr<float>() : nullptr,
-                         norm ? k_norm.data_ptr<float>() : nullptr, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                         pos, slot, k_cache.data_ptr<float>(),
-                         v_cache.data_ptr<float>(), q.data_ptr<float>(), rows, H, KVH, D, (float)eps);
+    float* qn = norm ? q_norm.data_ptr<float>() : nullptr;
+    if (bf16_cache) run(qkv.data_ptr<float>(), qn, (B*)nullptr);
+    else run(qkv.data_ptr<float>(), qn, (float*)nullptr);
   } else {
-    using B = c10::BFloat16;
-    qkv_rope_impl<B>(qkv.data_ptr<B>(), norm ? q_norm.data_ptr<B>() : nullptr, norm ? k_norm.data_ptr<B>() : nullptr,
-                     cos.data_ptr<float>(), sin.data_ptr<float>(), pos, slot, k_cache.data_ptr<B>(), v_cache.data_ptr<B>(), q.data_ptr<B>(),
-                     rows, H, KVH, D, (float)eps);
+    B* qn = norm ? q_norm.data_ptr<B>() : nullptr;
+    if (bf16_cache) run(qkv.data_ptr<B>(), qn, (B*)nullptr);
+    else run(qkv.data_ptr<B>(), qn, (float*)nullptr);
   }
   return q;
 }

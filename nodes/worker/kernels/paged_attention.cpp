@@ -51,7 +51,8 @@ struct DecodeRow {
   std::vector<float> qs, acc, scores, m, l;
   DecodeRow(int64_t H, int64_t block_size) : qs(H * D), acc(H * D), scores(H * block_size), m(H), l(H) {}
 
-  void run(const T* qrow, const T* k_cache, const T* v_cache, const int64_t* table, int64_t n, OutRows orow,
+  template <typename Q>
+  void run(const Q* qrow, const T* k_cache, const T* v_cache, const int64_t* table, int64_t n, OutRows orow,
            int64_t H, int64_t KVH, int64_t block_size, float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D;
     for (int64_t j = 0; j < H * D; ++j) qs[j] = shoal::to_float(qrow[j]) * scale;
@@ -140,7 +141,8 @@ struct PrefillTile {
         m(TILE_ROWS * G), l(TILE_ROWS * G) {}
 
   // Rows [i0, i0 + R) of a span of `len` rows starting at q row `row0`, context `ctx`.
-  void run(const T* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t row0, int64_t len,
+  template <typename Q>
+  void run(const Q* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t row0, int64_t len,
            int64_t ctx, int64_t i0, int64_t R, int64_t h, OutRows out, int64_t H, int64_t KVH, int64_t block_size,
            float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D, RG = R * G;
@@ -148,7 +150,7 @@ struct PrefillTile {
     const int64_t nmax = base + i0 + R;
     for (int64_t r = 0; r < R; ++r)
       for (int64_t g = 0; g < G; ++g) {
-        const T* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
+        const Q* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
         float* dst = qt.data() + (r * G + g) * D;
         for (int64_t d = 0; d < D; ++d) dst[d] = shoal::to_float(src[d]) * scale;
       }
@@ -243,8 +245,8 @@ struct PrefillTile {
   }
 };
 
-template <typename T, int NV>
-static void attention_impl(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+template <typename T, int NV, typename Q>
+static void attention_impl(const Q* q, const T* k_cache, const T* v_cache, const int64_t* tables,
                            const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out,
                            int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
                            float scale) {
@@ -284,8 +286,8 @@ static void attention_impl(const T* q, const T* k_cache, const T* v_cache, const
   });
 }
 
-template <typename T>
-static void dispatch_head_dim(int64_t D, const T* q, const T* k, const T* v, const int64_t* tables,
+template <typename T, typename Q>
+static void dispatch_head_dim(int64_t D, const Q* q, const T* k, const T* v, const int64_t* tables,
                               const int64_t* rows, const int64_t* lens, const int64_t* ctx, OutRows out,
                               int64_t S, int64_t H, int64_t KVH, int64_t max_blocks, int64_t block_size,
                               float scale) {
@@ -306,7 +308,7 @@ bool supports_head_dim(int64_t D) {
 
 int64_t vector_width() { return VS; }
 
-// q: [T, H, D] float32 or bfloat16 (used in the cache's dtype); k_cache, v_cache: [slots, KVH, D] (float32 or bfloat16); tables:
+// q: [T, H, D] float32 or bfloat16; k_cache, v_cache: [slots, KVH, D] (float32 or bfloat16); tables:
 // [S, max_blocks]; rows, lens, ctx: [S] int64; out: [T, H, D] float32 or bfloat16 (the
 // model's dtype, which the o projection takes), written at the spans' rows only.
 void prefill_bf16(const c10::BFloat16* q, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* tables,
@@ -348,10 +350,6 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
   TORCH_CHECK(k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "caches are [slots,KVH,D]");
   TORCH_CHECK(k_cache.dtype() == v_cache.dtype(), "k and v caches differ in dtype");
   TORCH_CHECK(k_cache.dtype() == at::kFloat || k_cache.dtype() == at::kBFloat16, "unsupported cache dtype");
-  // Queries in the cache's dtype, which every kernel computes with: a bf16 model's rotated
-  // queries are bf16 values already (qkv_rope_cache returns them so, half the bytes of
-  // fp32), and fp32 ones are rounded here as the bf16 kernels always rounded them.
-  if (q.dtype() != k_cache.dtype()) q = q.to(k_cache.dtype());
   for (auto* t : {&tables, &rows, &lens, &ctx})
     TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous(), "tables, rows, lens and ctx are contiguous int64");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(1), S = rows.numel();
@@ -372,25 +370,34 @@ void paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::T
   for (int64_t s = 0; s < S; ++s)  // the blocks each span reads
     for (int64_t j = 0; j < (c[s] + block_size - 1) / block_size; ++j)
       TORCH_CHECK(tb[s * max_blocks + j] >= 0 && tb[s * max_blocks + j] < cache_blocks, "block id outside the cache");
+  // The fp32 loops read queries in their own dtype, widened as they are loaded: an fp32
+  // model's queries stay fp32 over a bf16 cache (`dtype_choice.choose_kv_cache_dtype`).
   if (k_cache.dtype() == at::kFloat) {
+    if (q.dtype() == at::kBFloat16) q = q.to(at::kFloat);  // one code path for an fp32 cache
     dispatch_head_dim<float>(D, q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
                              tables.data_ptr<int64_t>(), r, n, c, o, S, H, KVH, max_blocks,
                              block_size, (float)scale);
   } else if (k_cache.dtype() == at::kBFloat16) {
-    // Prefill spans and decode rows by bf16 dot products where the CPU has them;
-    // elsewhere the fp32 loops here.
+    // Prefill spans and decode rows by bf16 dot products where the CPU has them (fp32
+    // queries rounded to bf16 for them); elsewhere the fp32 loops here.
     if (use_bf16_dots && bf16_dots_available(D)) {
       const auto* kb = k_cache.data_ptr<c10::BFloat16>();
       const auto* vb = v_cache.data_ptr<c10::BFloat16>();
+      if (q.dtype() != at::kBFloat16) q = q.to(at::kBFloat16);
       const auto* qb = q.data_ptr<c10::BFloat16>();
       prefill_bf16(qb, kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
                    block_size, (float)scale, use_amx && amx_available(D));
       decode_bf16(qb, kb, vb, tb, r, n, c, o, S, H, KVH, D, max_blocks,
                   block_size, (float)scale);
     } else {
-      dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<c10::BFloat16>(), k_cache.data_ptr<c10::BFloat16>(),
-                                       v_cache.data_ptr<c10::BFloat16>(), tb, r, n, c, o, S, H,
-                                       KVH, max_blocks, block_size, (float)scale);
+      const auto* kb = k_cache.data_ptr<c10::BFloat16>();
+      const auto* vb = v_cache.data_ptr<c10::BFloat16>();
+      if (q.dtype() == at::kFloat)
+        dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<float>(), kb, vb, tb, r, n, c, o, S, H, KVH, max_blocks,
+                                         block_size, (float)scale);
+      else
+        dispatch_head_dim<c10::BFloat16>(D, q.data_ptr<c10::BFloat16>(), kb, vb, tb, r, n, c, o, S, H, KVH,
+                                         max_blocks, block_size, (float)scale);
     }
   } else {
     TORCH_CHECK(false, "unsupported cache dtype");
