@@ -33,7 +33,7 @@ LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 12, 12, 4, 64, 16
 SHAPES = {"w1": (128, 283), "w3": (96, 1100)}  # running sequences x mean context, mid-job
 
 
-def run(seqs: int, ctx: int, dtype, hot: bool, pages: str, steps: int, cache_bytes: int) -> dict:
+def run(seqs: int, ctx: int, dtype, qdtype, hot: bool, pages: str, steps: int, cache_bytes: int) -> dict:
     import torch
 
     from shoal.nodes.worker import huge_pages
@@ -59,7 +59,7 @@ def run(seqs: int, ctx: int, dtype, hot: bool, pages: str, steps: int, cache_byt
     rows = torch.arange(seqs, dtype=torch.long)
     lens = torch.ones(seqs, dtype=torch.long)
     ctxs = torch.full((seqs,), ctx, dtype=torch.long)
-    q = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(dtype)  # queries and output in the model's dtype
+    q = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(qdtype)  # queries and output in the model's dtype
     out = torch.empty_like(q)
 
     def step():
@@ -82,6 +82,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", help="SEQSxCONTEXT, or w1 / w3 (default: both)")
     ap.add_argument("--dtype", default="auto", help="the cache's dtype: bfloat16, float32, or auto (what the engine picks)")
+    ap.add_argument("--query-dtype", default="auto",
+                    help="the model's dtype (queries, output): bfloat16, float32, or auto (what the engine computes in)")
     ap.add_argument("--hot", action="store_true", help="one small cache for every layer: read from the CPU's caches")
     ap.add_argument("--pages", choices=("2m", "4k"), default="2m", help="the cache on 2 MB pages (the engine's) or 4 KB")
     ap.add_argument("--steps", type=int, default=15, help="timed steps per shape (the median is printed)")
@@ -95,16 +97,19 @@ def main() -> int:
 
     threads = cores_owned()[0]
     torch.set_num_threads(threads)
-    # auto: what the engine computes a bf16 checkpoint in on this CPU (dtype_choice.py)
-    name = args.dtype if args.dtype != "auto" else "bfloat16" if cpu_native_bf16() else "float32"
-    if name not in ("bfloat16", "float32"):
-        raise SystemExit(f"--dtype {args.dtype!r}: the cache is bfloat16 or float32")
-    dtype = getattr(torch, name)
-    print(f"CPU: {cpu_summary()}; {threads} threads; cache {dtype}, {args.pages} pages, "
+    # auto: what the engine does with a bf16 checkpoint on this CPU (dtype_choice.py): it
+    # computes in bf16 where the CPU has native bf16, else in fp32; the cache stays bf16.
+    name = args.dtype if args.dtype != "auto" else "bfloat16"
+    qname = args.query_dtype if args.query_dtype != "auto" else "bfloat16" if cpu_native_bf16() else "float32"
+    for flag, value in (("--dtype", name), ("--query-dtype", qname)):
+        if value not in ("bfloat16", "float32"):
+            raise SystemExit(f"{flag} {value!r}: bfloat16 or float32")
+    dtype, qdtype = getattr(torch, name), getattr(torch, qname)
+    print(f"CPU: {cpu_summary()}; {threads} threads; cache {dtype}, queries {qdtype}, {args.pages} pages, "
           f"{'hot (one small cache for every layer)' if args.hot else f'{args.cache_gib:g} GiB'}")
     for shape in args.shape or list(SHAPES):
         seqs, ctx = SHAPES[shape] if shape in SHAPES else map(int, shape.lower().split("x"))
-        r = run(seqs, ctx, dtype, args.hot, args.pages, args.steps, int(args.cache_gib * 2**30))
+        r = run(seqs, ctx, dtype, qdtype, args.hot, args.pages, args.steps, int(args.cache_gib * 2**30))
         mem = memory_read_gbps(threads)
         print(f"{shape}: {seqs} sequences x {ctx} tokens, {LAYERS} layers: {r['ms']:.1f} ms a step, "
               f"{r['mb']:.0f} MB of KV read at {r['gbps']:.1f} GB/s; memory streams at {mem:.1f} GB/s "

@@ -334,7 +334,8 @@ def main() -> None:
     floor = floor_seconds(2 * params * total_tokens, ceiling, cache_bytes, read_gbps)
     print(f"roofline floor: {floor['floor_s']:.1f} s = matmuls at the ceiling {floor['matmul_s']:.1f} s + decode KV "
           f"reads ({cache_bytes / 1e9:.0f} GB in {args.kv_cache_dtype} at {read_gbps:.1f} GB/s, measured now) {floor['cache_s']:.1f} s; "
-          f"no engine's model FLOP/s can pass {100 * floor['max_matmul_share']:.0f}% of the ceiling on W1 here")
+          f"no engine with a {args.kv_cache_dtype} cache can pass {100 * floor['max_matmul_share']:.0f}% of the ceiling "
+          "on W1 here")
     has_vllm = "vllm" in args.peers and vllm_installed(args.vllm_python)
     systems = ["shoal"] + [p for p in args.peers.split(",") if p and (p != "vllm" or has_vllm)]
     if "vllm" in args.peers and not has_vllm:

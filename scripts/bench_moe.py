@@ -68,13 +68,14 @@ def work(n: int, prompt: tuple[int, int], out: int, vocab: int, seed: int = 0):
     return [[r.randrange(vocab - 1) for _ in range(r.randint(*prompt))] for _ in range(n)], out
 
 
-def run_shoal(model: str, dtype: str, prompts, out: int, per_sequence: bool) -> dict:
+def run_shoal(model: str, asked_dtype: str, prompts, out: int, per_sequence: bool) -> dict:
     from contextlib import nullcontext
 
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
-    eng = LLMEngine(model, EngineConfig(dtype=dtype, policy="mb", max_num_seqs=max(256, len(prompts))))
+    # The dtype as asked: `auto` resolves in the engine, its KV cache's dtype with it.
+    eng = LLMEngine(model, EngineConfig(dtype=asked_dtype, policy="mb", max_num_seqs=max(256, len(prompts))))
     eng.generate(prompts[:2], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     with PerSequenceDispatch() if per_sequence else nullcontext():
         t = time.perf_counter()
@@ -167,7 +168,7 @@ def main() -> None:
             if peer == "transformers":
                 r = run_transformers(args.model, dtype, prompts, out)
             else:
-                r = run_shoal(args.model, dtype, prompts, out, per_sequence=peer == "per-sequence")
+                r = run_shoal(args.model, args.dtype, prompts, out, per_sequence=peer == "per-sequence")
             row[peer] = r["tokens_per_s"]
             print(f"  {n:4d} sequences, {peer:>13}: {r['tokens_per_s']:8.1f} generated tokens/s ({r['wall']:.1f} s)",
                   flush=True)

@@ -43,8 +43,10 @@ def shoal_engine(args):
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
-    eng = LLMEngine(args.model, EngineConfig(dtype=args.dtype, max_num_batched_tokens=args.budget))
-    print(f"shoal: {eng.config.dtype}, {eng.config.max_num_batched_tokens} tokens per step", file=sys.stderr)
+    # The dtype as asked: `auto` resolves in the engine, its KV cache's dtype with it.
+    eng = LLMEngine(args.model, EngineConfig(dtype=args.asked_dtype, max_num_batched_tokens=args.budget))
+    print(f"shoal: {eng.config.dtype}, KV cache {eng.config.kv_cache_dtype}, {eng.config.max_num_batched_tokens} "
+          "tokens per step", file=sys.stderr)
 
     def run(ps: list[list[int]], tag: int) -> None:
         for i, p in enumerate(ps):
@@ -83,6 +85,7 @@ class Side:
 
     def __init__(self, python: str, side: str, args):
         cmd = [python, str(Path(__file__).resolve()), "--child", side, "--model", args.model, "--dtype", args.dtype,
+               "--asked-dtype", args.asked_dtype,
                "--prompts", str(args.prompts), "--min-len", str(args.min_len), "--max-len", str(args.max_len)]
         cmd += ["--budget", str(args.budget)] if args.budget else []
         self.name = side
@@ -117,10 +120,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="Shoal's tokens per step (default: its calibration's)")
     ap.add_argument("--json")
     ap.add_argument("--child", choices=["shoal", "vllm"], help=argparse.SUPPRESS)
+    ap.add_argument("--asked-dtype", help=argparse.SUPPRESS)  # --dtype before `auto` resolved
     args = ap.parse_args()
     if args.child:
         return child(args)
     ensure_model(args.model)
+    args.asked_dtype = args.dtype
     if args.dtype == "auto":
         from shoal.nodes.worker.dtype_choice import choose_dtype
 

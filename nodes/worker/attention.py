@@ -68,8 +68,9 @@ def prefill_sdpa(q: torch.Tensor, kv_cache: torch.Tensor, spans: list[PrefillSpa
     after a cached prefix takes `span.mask` (the reference) or, without one, runs as
     `attend_after_prefix`."""
     group = q.shape[1] // kv_cache.shape[2]
-    # In the wider of the queries' and the cache's dtypes, as the native kernel computes:
-    # an fp32 model over a bf16 cache keeps fp32 queries.
+    # In the wider of the queries' and the cache's dtypes, as the native kernel's fp32
+    # loops compute: an fp32 model over a bf16 cache keeps fp32 queries (the AVX512_BF16
+    # dot products, which `auto` pairs with a bf16 model, round them).
     wide = torch.promote_types(q.dtype, kv_cache.dtype)
     for span in spans:
         if span.slots is None:  # the step's own keys, as the cache holds them

@@ -11,7 +11,8 @@ The KV cache's dtype follows (`--kv-cache-dtype auto`): the compute dtype, excep
 checkpoint's dtype: decode attention reads every cached key and value each step and is
 bound by memory (on a 2-core AVX2 EPYC at W1's shape, 57 ms a step from an fp32 cache,
 40 ms from a bf16 one), and a cache of the same bytes holds twice the tokens. Queries,
-scores and sums stay fp32; keys and values are rounded once, as a bf16 run rounds them.
+scores and sums stay fp32 (on such a CPU the kernel's fp32 loops run); keys and values
+are rounded once, as a bf16 run rounds them.
 """
 
 from __future__ import annotations

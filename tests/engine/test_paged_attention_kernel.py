@@ -231,6 +231,31 @@ def test_engine_fp32_over_bf16_cache_native_matches_reference_path(tiny_model):
     assert bf16_vs_fp32 > 4 * kernel_vs_sdpa, (bf16_vs_fp32, kernel_vs_sdpa)
 
 
+def test_fp32_over_bf16_cache_sdpa_chunks_match_the_kernel(small_shaped_model):
+    """The same at W1's head dim (64: the vectorized RoPE and cache write, and where the
+    CPU has them the bf16 dot products), with large prefill chunks going through gather +
+    SDPA on the native path (as an AVX2 build sends W3's long prompts) against the
+    kernel's tiles for every chunk. Both read the keys and values the same fused op wrote;
+    the first layer's outputs differ by fp32 rounding, which now and then moves one of
+    the second layer's keys by a bf16 ulp (measured: 1.9e-3 at logits of ~13; a wrong
+    mask or span moves them by ~1)."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.sampling import SamplingParams
+
+    r = random.Random(6)
+    prompts = [[r.randrange(32000) for _ in range(r.randint(100, 300))] for _ in range(4)]
+    logits = {}
+    for work in (0, 1):  # 0: the kernel for every chunk; 1: SDPA for every prefill chunk
+        eng = LLMEngine(small_shaped_model, EngineConfig(dtype="float32", kv_cache_dtype="bfloat16",
+                                                         sdpa_prefill_work=work, max_num_batched_tokens=128))
+        assert eng.runner.sdpa_prefill_work == work and eng.cache.layers[0].dtype == torch.bfloat16
+        steps: dict = {}
+        eng.on_logits = lambda ids, lg: [steps.setdefault(s, []).append(row.clone()) for s, row in zip(ids, lg)]
+        eng.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
+        logits[work] = torch.cat([torch.stack(steps[i]) for i in range(len(prompts))])
+    assert (logits[0] - logits[1]).abs().max().item() < 2e-2  # also where bf16 dots round the queries
+
+
 def test_unwritten_cache_slots_are_never_read(tiny_model):
     """The cache is allocated uninitialized: filled with NaN first, both paths must give
     the outputs of a clean cache (a read of an unwritten slot would spread the NaN)."""

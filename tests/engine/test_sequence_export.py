@@ -135,3 +135,33 @@ def test_import_with_tokens_outside_the_vocabulary_is_refused(tiny_model):
     state.output_token_ids = state.output_token_ids + [10**6]
     with pytest.raises(Exception, match="outside the vocabulary"):
         LLMEngine(tiny_model, EngineConfig()).import_sequence(state)
+
+
+def test_kv_moves_between_caches_of_either_dtype(tiny_model):
+    """fp32 engines whose caches differ in dtype (a bf16 cache under `auto` on one CPU, an
+    fp32 one elsewhere or asked for) move sequences both ways: the KV blob carries the
+    source cache's dtype, the destination stores it in its own, nothing is prefilled
+    again, and the outputs are the bf16 cache's within bf16 rounding."""
+    from shoal.output_compare import BF16_TOL
+
+    params = SamplingParams(max_tokens=24, ignore_eos=True, return_margins=True)
+    ps = prompts(4, seed=2)
+    reference = LLMEngine(tiny_model, EngineConfig(dtype="float32", kv_cache_dtype="bfloat16")).generate(ps, params)
+    for src_kv, dst_kv in (("bfloat16", "float32"), ("float32", "bfloat16")):
+        src = LLMEngine(tiny_model, EngineConfig(dtype="float32", kv_cache_dtype=src_kv, max_num_batched_tokens=64))
+        dst = LLMEngine(tiny_model, EngineConfig(dtype="float32", kv_cache_dtype=dst_kv))
+        for i, p in enumerate(ps):
+            src.add_request(i, prompt_token_ids=p, params=params)
+        run_until(src, 10)  # every prompt prefilled (at most 480 tokens), all mid-decode
+        states = [src.export_sequence(i, remove=True) for i in range(4)]
+        assert all(s.kv is not None and s.output_token_ids for s in states)
+        for s in states:
+            dst.import_sequence(SequenceState.from_header(s.header(), bytes(s.kv) if s.kv else None))
+        results = {}
+        while dst.has_unfinished():
+            results.update({o.seq_id: o for o in dst.step()})
+        assert dst.cache.layers[0].dtype != src.cache.layers[0].dtype
+        assert dst.stats.prompt_tokens_computed == 0, "imported KV was recomputed"
+        for i in range(4):
+            cmp = compare_outputs(results[i].token_ids, reference[i].token_ids, [reference[i].margins], tol=BF16_TOL)
+            assert cmp, f"{src_kv} -> {dst_kv}, sequence {i}: {cmp.detail}"

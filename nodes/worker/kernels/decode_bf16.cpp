@@ -12,7 +12,8 @@
 //   - P V: two value rows are interleaved by vpunpck{l,h}wd into (key t, key t+1) pairs
 //     of each dim, and one vdpbf16ps adds p_t v_t + p_t+1 v_t+1 for 16 dims. The
 //     interleave permutes dims within 128-bit lanes; the write-out undoes it.
-// The query is bf16-valued already (the model rounds it); probabilities are rounded to
+// The query is bf16 (a bf16 model's, or an fp32 model's rounded by paged_attention, as
+// the bf16 dot products need); probabilities are rounded to
 // bf16 for P V, and their sum l is taken over the rounded values, as prefill_bf16.cpp
 // does and as torch's bf16 attention rounds them. Compiled for AVX-512 builds only,
 // used where the CPU says so.
