@@ -28,6 +28,17 @@ def close(got, want, dtype):
     return bool(((got - want).abs() <= want.abs() * 2**-7 + 1e-6).all())
 
 
+def rope_case(seed, T, H, KVH, D, dtype, cache_slots):
+    """A generator (for more draws), rotary tables, T random fused qkv rows, their
+    positions and distinct cache slots."""
+    g = torch.Generator().manual_seed(seed)
+    rope = RotaryEmbedding(D, 4096, 1_000_000.0)
+    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g).to(dtype)
+    positions = torch.randint(0, 4096, (T,), generator=g)
+    slots = torch.randperm(cache_slots, generator=g)[:T]
+    return g, rope, qkv, positions, slots
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_with_and_without_residual(ops, dtype):
     g = torch.Generator().manual_seed(0)
@@ -47,12 +58,8 @@ def test_rms_norm_with_and_without_residual(ops, dtype):
 @pytest.mark.parametrize("qk_norm", [True, False])
 @pytest.mark.parametrize("D", [64, 96, 24])  # 96: 6 or 12 vectors; 24: half a head is no whole number of vectors
 def test_qkv_rope_cache_matches_norm_then_rope(ops, dtype, qk_norm, D):
-    g = torch.Generator().manual_seed(1)
     T, H, KVH = 21, 6, 2
-    rope = RotaryEmbedding(D, 4096, 1_000_000.0)
-    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g).to(dtype)
-    positions = torch.randint(0, 4096, (T,), generator=g)
-    slots = torch.randperm(100, generator=g)[:T]
+    g, rope, qkv, positions, slots = rope_case(1, T, H, KVH, D, dtype, cache_slots=100)
     k_cache = torch.zeros(100, KVH, D, dtype=dtype)
     v_cache = torch.zeros(100, KVH, D, dtype=dtype)
     qn, kn = RMSNorm(D, 1e-6).to(dtype), RMSNorm(D, 1e-6).to(dtype)
@@ -82,12 +89,8 @@ def test_qkv_rope_cache_into_a_cache_of_another_dtype(ops, model, cache, D):
     """An fp32 model over a bf16 cache (`--kv-cache-dtype`): the queries are what an fp32
     cache would give, bit for bit, and the cache holds the same keys and values rounded
     to nearest even as torch rounds them (widened, the other way round)."""
-    g = torch.Generator().manual_seed(2)
     T, H, KVH = 19, 6, 2
-    rope = RotaryEmbedding(D, 4096, 1_000_000.0)
-    qkv = torch.randn(T, (H + 2 * KVH) * D, generator=g).to(model)
-    positions = torch.randint(0, 4096, (T,), generator=g)
-    slots = torch.randperm(64, generator=g)[:T]
+    g, rope, qkv, positions, slots = rope_case(2, T, H, KVH, D, model, cache_slots=64)
     w = (torch.rand(D, generator=g) + 0.5).to(model)
     same_k, same_v = torch.zeros(64, KVH, D, dtype=model), torch.zeros(64, KVH, D, dtype=model)
     other_k, other_v = torch.zeros(64, KVH, D, dtype=cache), torch.zeros(64, KVH, D, dtype=cache)
