@@ -48,8 +48,8 @@ def cache_path(engine, root: Path | None = None) -> Path:
     # Streamed weights make every step pay their copy: another device, as far as step costs go.
     streamed = f"-resident{engine.streamer.resident_bytes}" if getattr(engine, "streamer", None) else ""
     # A cache in another dtype than the model's changes what decode attention costs.
-    kv = getattr(engine.config, "kv_cache_dtype", engine.config.dtype)
-    dtypes = engine.config.dtype if kv == engine.config.dtype else f"{engine.config.dtype}-kv{kv}"
+    dtype, kv = engine.config.dtype, engine.config.kv_cache_dtype
+    dtypes = dtype if kv == dtype else f"{dtype}-kv{kv}"
     key = f"{engine.fingerprint.replace(':', '_')}-{dtypes}-{device_name()}{streamed}-v{CALIBRATION_VERSION}"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
     return (root or state_dir()) / "calibration" / f"{safe}.json"

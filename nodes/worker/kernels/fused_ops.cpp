@@ -304,22 +304,18 @@ at::Tensor qkv_rope_cache(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, 
   auto q = at::empty({rows, H, D}, qkv.options());
   using B = c10::BFloat16;
   const bool bf16_cache = k_cache.dtype() == at::kBFloat16;
-  const auto run = [&](auto* qkv_p, auto* q_norm_p, auto* cache_tag) {
-    using T = std::remove_cv_t<std::remove_pointer_t<decltype(qkv_p)>>;
-    using C = std::remove_pointer_t<decltype(cache_tag)>;
-    qkv_rope_impl<T, C>(qkv_p, norm ? q_norm_p : nullptr, norm ? k_norm.data_ptr<T>() : nullptr, cos.data_ptr<float>(),
-                        sin.data_ptr<float>(), pos, slot, k_cache.data_ptr<C>(), v_cache.data_ptr<C>(),
-                        q.data_ptr<T>(), rows, H, KVH, D, (float)eps);
+  // One call per (model, cache) dtype pair; `cache` only carries the cache's type.
+  const auto run = [&](auto* qkv_p, auto* cache) {
+    using T = std::remove_pointer_t<decltype(qkv_p)>;
+    using C = std::remove_pointer_t<decltype(cache)>;
+    qkv_rope_impl<T, C>(qkv_p, norm ? q_norm.data_ptr<T>() : nullptr, norm ? k_norm.data_ptr<T>() : nullptr,
+                        cos.data_ptr<float>(), sin.data_ptr<float>(), pos, slot, k_cache.data_ptr<C>(),
+                        v_cache.data_ptr<C>(), q.data_ptr<T>(), rows, H, KVH, D, (float)eps);
   };
-  if (qkv.dtype() == at::kFloat) {
-    float* qn = norm ? q_norm.data_ptr<float>() : nullptr;
-    if (bf16_cache) run(qkv.data_ptr<float>(), qn, (B*)nullptr);
-    else run(qkv.data_ptr<float>(), qn, (float*)nullptr);
-  } else {
-    B* qn = norm ? q_norm.data_ptr<B>() : nullptr;
-    if (bf16_cache) run(qkv.data_ptr<B>(), qn, (B*)nullptr);
-    else run(qkv.data_ptr<B>(), qn, (float*)nullptr);
-  }
+  if (qkv.dtype() == at::kFloat)
+    bf16_cache ? run(qkv.data_ptr<float>(), (B*)nullptr) : run(qkv.data_ptr<float>(), (float*)nullptr);
+  else
+    bf16_cache ? run(qkv.data_ptr<B>(), (B*)nullptr) : run(qkv.data_ptr<B>(), (float*)nullptr);
   return q;
 }
 
