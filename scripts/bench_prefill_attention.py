@@ -1,6 +1,6 @@
 """Prefill attention alone: one chunk through the native kernel's tiles against gather +
-`scaled_dot_product_attention` (what `model_runner.py` sends chunks of `sdpa_prefill_work`
-rows x context and more to, for fp32 on an AVX2 build), over an fp32 and a bf16 cache,
+`scaled_dot_product_attention` (where `EngineConfig.sdpa_prefill_work` sends chunks of
+that many rows x context and more; none by default), over an fp32 and a bf16 cache,
 with the model's queries (fp32 unless this CPU has native bf16).
 
 Each shape is ROWSxCONTEXT: a fresh prompt where the two are equal, else a chunk after a

@@ -19,7 +19,7 @@ from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig, Engin
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
 from shoal.nodes.worker.kv_cache_size import PREFAULT_BYTES, choose_kv_cache_bytes
-from shoal.nodes.worker.model_runner import ModelRunner, default_sdpa_prefill_work
+from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
 from shoal.nodes.worker.sampler import sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
@@ -75,7 +75,6 @@ class LLMEngine:
             self.packed_linears = pack_linears(self.model, skip=streamed)
         self.model_cfg = self.model.cfg
         self.tokenizer = TextTokenizer(model_dir)
-        dtype = parse_dtype(config.dtype)
         kv_dtype = parse_dtype(config.kv_cache_dtype)
         # No more than max_num_seqs full contexts could ever use: a tiny model does not
         # get (and zero) gigabytes of cache it cannot fill.
@@ -105,10 +104,7 @@ class LLMEngine:
                 kernel = None
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
-        sdpa_work = config.sdpa_prefill_work
-        if sdpa_work is None and kernel is not None:
-            sdpa_work = default_sdpa_prefill_work(kernel.vector_width(), dtype)
-        self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=sdpa_work or 0)
+        self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=config.sdpa_prefill_work)
         if self.runner.sdpa_prefill_work:
             log.info("[attention] prefill chunks of %d+ rows x context through SDPA, the rest in the native kernel",
                      self.runner.sdpa_prefill_work)

@@ -51,8 +51,8 @@ class EngineConfig:
     attention: str = "native"
     # Native attention only: a prefill chunk whose rows x context reach this many goes
     # through gather + scaled_dot_product_attention instead of the kernel's tiles
-    # (`model_runner.default_sdpa_prefill_work`). None: that default; 0: never.
-    sdpa_prefill_work: int | None = None
+    # (`model_runner.py`); 0: never, the default (the tiles lead on every shape measured).
+    sdpa_prefill_work: int = 0
     # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
     # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
     packed_linears: bool = True

@@ -8,16 +8,12 @@ SDPA on 512-token prompts). Without the kernel (the reference path), decodes and
 cached-prefix chunks gather their slots and use SDPA, and a fresh prompt runs causal
 SDPA on the step's own keys.
 
-One exception on the native path: fp32 on an AVX2 build, where the kernel's prefill
-tiles computed at a third of the matmul rate (35-44 GFLOP/s against 140, 2-core Zen 3)
-and torch's blocked CPU flash kernel behind `scaled_dot_product_attention` at up to twice
-theirs on large chunks (1.8x at 1,536 fresh rows, 1.7x at 512 rows over 1,900 keys, about
-even at 512 fresh rows, 0.56x at 190), chunks of at least `sdpa_prefill_work` rows x
-context gather their keys and values from the cache and run SDPA; decodes and smaller
-chunks stay in the kernel. Such a chunk after a cached prefix runs as two flash calls
-(`attention.attend_after_prefix`) instead of one over a masked rectangle: paired
-timings on W3's shapes, 1.0x (64 rows over 1,800 keys) to 1.12x (600 over 1,200) to
-1.53x (1,500 rows after a 15-token prefix, a hop whose context window slid).
+On request (`sdpa_prefill_work`, off by default) prefill chunks of at least that many
+rows x context leave the kernel for gather + SDPA: a chunk after a cached prefix then
+runs as two flash calls (`attention.attend_after_prefix`) rather than one over a masked
+rectangle. The kernel's tiles used to trail torch's blocked CPU flash kernel on large
+fp32 chunks on AVX2, and this was the default there; since the tiles compute like a
+GEMM (paged_attention.cpp) they lead it on every chunk shape measured, 1.1-2.6x.
 """
 
 from __future__ import annotations
@@ -30,26 +26,14 @@ from shoal.nodes.worker.models.decoder import DecoderLM
 from shoal.nodes.worker.sequence import Sequence
 
 
-# Rows x context from which a prefill chunk goes through SDPA where that is the default:
-# 512 fresh rows (about even), 256 rows over 1,200 keys (SDPA 1.6x), not W1's ~190-token
-# prompts (36k: the tiles 1.8x).
-SDPA_PREFILL_WORK = 1 << 18
-
-
-def default_sdpa_prefill_work(vector_width: int, dtype: torch.dtype) -> int:
-    """Where large prefill chunks leave the kernel for SDPA by default: fp32 on an AVX2
-    build (8 floats a vector). Elsewhere 0 (never): the bf16 and AMX tiles, and the
-    AVX-512 build, were measured ahead of SDPA."""
-    return SDPA_PREFILL_WORK if vector_width == 8 and dtype == torch.float32 else 0
-
-
 class ModelRunner:
     def __init__(self, model: DecoderLM, cache: KVCache, kernel=None, sdpa_prefill_work: int = 0):
         self.model = model
         self.cache = cache
         self.bs = cache.block_size
         self.kernel = kernel  # the native ops module, or None for the reference path
-        # Native path: prefill chunks of at least this many rows x context go through SDPA.
+        # Native path: prefill chunks of at least this many rows x context go through SDPA
+        # (0: none).
         self.sdpa_prefill_work = sdpa_prefill_work if kernel is not None else 0
 
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:

@@ -76,8 +76,8 @@ def test_tiny_matches_transformers(tiny_model, chunked, attention):
 
 @pytest.mark.parametrize("chunked", [True, False])
 def test_prefill_chunks_through_sdpa_beside_the_kernel_match_transformers(tiny_model, chunked, monkeypatch):
-    """The native forward with every prefill chunk sent through gather + SDPA (what fp32
-    on an AVX2 build does with large chunks), decodes still in the kernel: fresh prompts,
+    """The native forward with every prefill chunk sent through gather + SDPA (on request:
+    `sdpa_prefill_work`), decodes still in the kernel: fresh prompts,
     chunks after a cached prefix (two flash calls each), and steps holding both kinds."""
     from shoal.nodes.worker import attention
 
@@ -96,13 +96,18 @@ def test_prefill_chunks_through_sdpa_beside_the_kernel_match_transformers(tiny_m
         assert split, "no chunk after a cached prefix ran as two flash calls"
 
 
-def test_large_prefill_chunks_leave_the_kernel_only_for_fp32_on_avx2():
-    from shoal.nodes.worker.model_runner import SDPA_PREFILL_WORK, default_sdpa_prefill_work
+def test_every_prefill_chunk_stays_in_the_kernel_by_default(tiny_model, monkeypatch):
+    """The default native path runs no chunk through gather + SDPA, however large (the
+    tiles lead SDPA on every chunk shape measured, model_runner.py)."""
+    from shoal.nodes.worker.models import decoder
 
-    assert default_sdpa_prefill_work(8, torch.float32) == SDPA_PREFILL_WORK
-    assert default_sdpa_prefill_work(16, torch.float32) == 0  # AVX-512 build
-    assert default_sdpa_prefill_work(8, torch.bfloat16) == 0
-    assert default_sdpa_prefill_work(16, torch.bfloat16) == 0
+    calls = []
+    real = decoder.prefill_sdpa
+    monkeypatch.setattr(decoder, "prefill_sdpa", lambda *a: calls.append(1) or real(*a))
+    eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=2048))
+    assert eng.runner.kernel is not None and eng.runner.sdpa_prefill_work == 0
+    eng.generate(random_prompts(2, 512, [1500], seed=7), SamplingParams(max_tokens=2, ignore_eos=True))
+    assert eng.stats.prompt_tokens_computed == 3000 and not calls
 
 
 def test_mlp_in_pieces_matches_transformers(tiny_model, monkeypatch):

@@ -24,6 +24,7 @@
 #include <memory>
 
 #include "bf16_pack.h"
+#include "softmax_exp2.h"
 #include "vec_io.h"
 
 using shoal::dynamic_for;
@@ -118,27 +119,89 @@ struct DecodeRow {
 };
 
 // A tile of a prefill chunk: up to TILE_ROWS consecutive query rows of one span, the
-// query heads of one KV head. Keys are taken KC at a time (across block boundaries), K
-// transposed and V widened into fp32 buffers once, then every (row, head) of the tile
-// scores KC keys with KC / VS vector FMAs per head dimension (no horizontal sums) and
-// accumulates its values from the buffer in L1: the gather-free counterpart of
-// flash-attention's blocked loop, with an online softmax and a causal mask per row.
+// query heads of one KV head: R * G row-heads, laid along vector lanes (lane r * G + g is
+// row r's head g). Keys are taken KC at a time across block boundaries, widened to fp32
+// rows once, and the tile computes like flash-attention's blocked loop, gather-free:
+// scores S[key][row-head] = K Q^T in register blocks of TB keys x SB lane vectors (each
+// key element a broadcast, each query vector a load: no transposes per chunk), the causal
+// mask and the online softmax lane-wise down the keys (no horizontal sums or maxima), and
+// O[row-head] += P V in blocks of VB row-heads x CB vectors of the head dimension.
 constexpr int64_t TILE_ROWS = 16;
 constexpr int KC = 32;
-constexpr int NS = KC / VS;
+
+// exp(x - m), x <= m (or -inf): 2^t by softmax_exp2.h's degree-5 polynomial (relative
+// error 2.2e-7, two fp32 ulps) where the build has it, ATen's exp otherwise.
+inline Vec exp_minus(const Vec& x, const Vec& m) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  const Vec l2(shoal::LOG2E);
+  return Vec(shoal::exp2_poly<5>(at::vec::fmadd(x, l2, m * Vec(-shoal::LOG2E))));
+#else
+  return (x - m).exp();
+#endif
+}
 
 template <typename T, int NV>
 struct PrefillTile {
   static constexpr int64_t D = NV * VS;
-  // Row-heads scored together (sharing each K load) and accumulated together (sharing
-  // each V load), as many as the vector registers hold.
-  static constexpr int RB = std::max(1, std::min(4, (VREGS - 2) / (NS + 1)));
-  static constexpr int RBV = std::max(1, std::min(4, (VREGS - 4) / NV));
+  // Register blocks: accumulators plus the operands of one step, within the registers.
+  static constexpr int SB = 3, TB = VREGS == 32 ? 8 : 4;  // scores: 12 (24) accumulators
+  static constexpr int CB = VREGS == 32 && NV % 4 == 0 ? 4 : NV % 2 == 0 ? 2 : 1;
+  static constexpr int VB = 6;  // values: 12 (24) accumulators
   static constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-  std::vector<float> qt, acc, kt, vf, m, l;
+  const int64_t lanes;  // row-head lanes of a full tile, rounded up to whole vectors
+  // qt: queries transposed, [D][lanes]; s: scores then probabilities, [KC][lanes];
+  // acc: outputs, [lanes][D]; kf, vf: the chunk's keys and values, [KC][D].
+  std::vector<float> qt, s, acc, kf, vf, m, l, corr, lim;
   PrefillTile(int64_t G)
-      : qt((TILE_ROWS * G + RB) * D, 0.f), acc(TILE_ROWS * G * D), kt(D * KC, 0.f), vf(KC * D, 0.f),
-        m(TILE_ROWS * G), l(TILE_ROWS * G) {}
+      : lanes((TILE_ROWS * G + VS - 1) / VS * VS), qt(D * lanes, 0.f), s(KC * lanes, 0.f), acc(lanes * D),
+        kf(KC * D, 0.f), vf(KC * D, 0.f), m(lanes), l(lanes), corr(lanes), lim(lanes) {}
+
+  // Scores of the chunk's keys [t0, t0 + TB) for every t0 below cnt, lane vectors
+  // [v0, v0 + NB).
+  template <int NB>
+  void score(int64_t v0, int64_t cnt) {
+    for (int64_t t0 = 0; t0 < cnt; t0 += TB) {
+      Vec a[TB][NB];
+      for (int t = 0; t < TB; ++t)
+        for (int b = 0; b < NB; ++b) a[t][b] = Vec(0.f);
+      const float* kp = kf.data() + t0 * D;
+      const float* qp = qt.data() + v0 * VS;
+      for (int64_t d = 0; d < D; ++d) {
+        Vec qv[NB];
+        for (int b = 0; b < NB; ++b) qv[b] = Vec::loadu(qp + d * lanes + b * VS);
+        for (int t = 0; t < TB; ++t) {
+          const Vec kd(kp[t * D + d]);
+          for (int b = 0; b < NB; ++b) a[t][b] = at::vec::fmadd(kd, qv[b], a[t][b]);
+        }
+      }
+      for (int t = 0; t < TB; ++t)
+        for (int b = 0; b < NB; ++b) a[t][b].store(s.data() + (t0 + t) * lanes + (v0 + b) * VS);
+    }
+  }
+
+  // acc rows [r0, r0 + NB), rescaled by their corrections, plus P V over the chunk's
+  // first cnt keys.
+  template <int NB>
+  void value(int64_t r0, int64_t cnt) {
+    for (int c0 = 0; c0 < NV; c0 += CB) {
+      Vec a[NB][CB];
+      for (int b = 0; b < NB; ++b) {
+        const Vec cv(corr[r0 + b]);
+        for (int c = 0; c < CB; ++c) a[b][c] = Vec::loadu(acc.data() + (r0 + b) * D + (c0 + c) * VS) * cv;
+      }
+      for (int64_t t = 0; t < cnt; ++t) {
+        const float* p = s.data() + t * lanes + r0;
+        Vec vv[CB];
+        for (int c = 0; c < CB; ++c) vv[c] = Vec::loadu(vf.data() + t * D + (c0 + c) * VS);
+        for (int b = 0; b < NB; ++b) {
+          const Vec pb(p[b]);
+          for (int c = 0; c < CB; ++c) a[b][c] = at::vec::fmadd(pb, vv[c], a[b][c]);
+        }
+      }
+      for (int b = 0; b < NB; ++b)
+        for (int c = 0; c < CB; ++c) a[b][c].store(acc.data() + (r0 + b) * D + (c0 + c) * VS);
+    }
+  }
 
   // Rows [i0, i0 + R) of a span of `len` rows starting at q row `row0`, context `ctx`.
   template <typename Q>
@@ -146,99 +209,66 @@ struct PrefillTile {
            int64_t ctx, int64_t i0, int64_t R, int64_t h, OutRows out, int64_t H, int64_t KVH, int64_t block_size,
            float scale) {
     const int64_t G = H / KVH, row_stride = KVH * D, RG = R * G;
+    const int64_t nv = (RG + VS - 1) / VS, used = nv * VS;  // lane vectors in use
     const int64_t base = ctx - len;  // row i sees base + i + 1 tokens
     const int64_t nmax = base + i0 + R;
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t g = 0; g < G; ++g) {
-        const Q* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
-        float* dst = qt.data() + (r * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = shoal::to_float(src[d]) * scale;
-      }
-    std::fill(acc.begin(), acc.begin() + RG * D, 0.f);
-    std::fill(m.begin(), m.begin() + RG, NEG_INF);
-    std::fill(l.begin(), l.begin() + RG, 0.f);
-    alignas(64) float sc[RB + RBV][KC] = {};  // probabilities; rows past the group stay 0
-    alignas(64) float tmp[VS];
-    Vec lane[NS];
-    for (int j = 0; j < NS; ++j) lane[j] = Vec::arange(j * VS, 1);
+    const int64_t seen_by_all = base + i0 + 1;  // keys no row of the tile masks
+    for (int64_t rh = 0; rh < used; ++rh) {
+      // Lanes past the tile's row-heads hold zero queries that see every key: finite,
+      // never written out.
+      const int64_t r = rh / G, g = rh % G;
+      const Q* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) qt[d * lanes + rh] = rh < RG ? shoal::to_float(src[d]) * scale : 0.f;
+      lim[rh] = static_cast<float>(rh < RG ? base + i0 + r + 1 : nmax);
+    }
+    std::fill(acc.begin(), acc.begin() + used * D, 0.f);
+    std::fill(m.begin(), m.begin() + used, NEG_INF);
+    std::fill(l.begin(), l.begin() + used, 0.f);
     for (int64_t start = 0; start < nmax; start += KC) {
       const int64_t cnt = std::min<int64_t>(KC, nmax - start);
       for (int64_t t = 0; t < cnt; ++t) {
         const int64_t tok = start + t;
         const int64_t off = (table[tok / block_size] * block_size + tok % block_size) * row_stride + h * D;
         for (int c = 0; c < NV; ++c) {
-          load_vec(k_cache + off + c * VS).store(tmp);
-          for (int e = 0; e < VS; ++e) kt[(c * VS + e) * KC + t] = tmp[e];
+          load_vec(k_cache + off + c * VS).store(kf.data() + t * D + c * VS);
           load_vec(v_cache + off + c * VS).store(vf.data() + t * D + c * VS);
         }
       }
-      for (int64_t rh0 = 0; rh0 < RG; rh0 += RB) {
-        const int64_t nb = std::min<int64_t>(RB, RG - rh0);
-        int64_t crs[RB];  // keys of this chunk each row-head sees (causal)
-        int64_t crmax = 0;
-        for (int b = 0; b < RB; ++b) {
-          crs[b] = b < nb ? std::clamp<int64_t>(base + i0 + (rh0 + b) / G + 1 - start, 0, cnt) : 0;
-          crmax = std::max(crmax, crs[b]);
+      int64_t v0 = 0;
+      for (; v0 + SB <= nv; v0 += SB) score<SB>(v0, cnt);
+      if (nv - v0 == 2) score<2>(v0, cnt);
+      if (nv - v0 == 1) score<1>(v0, cnt);
+      const bool masked = start + cnt > seen_by_all;
+      for (int64_t v = 0; v < nv; ++v) {
+        float* sv = s.data() + v * VS;
+        const Vec lv = Vec::loadu(lim.data() + v * VS);
+        if (masked)  // key start + t is seen by the lanes whose limit is above it
+          for (int64_t t = 0; t < cnt; ++t)
+            Vec::blendv(Vec(NEG_INF), Vec::loadu(sv + t * lanes), Vec(static_cast<float>(start + t)) < lv)
+                .store(sv + t * lanes);
+        const Vec mold = Vec::loadu(m.data() + v * VS);
+        Vec mx = mold;
+        for (int64_t t = 0; t < cnt; ++t) mx = at::vec::maximum(mx, Vec::loadu(sv + t * lanes));
+        Vec sum(0.f);
+        for (int64_t t = 0; t < cnt; ++t) {
+          const Vec e = exp_minus(Vec::loadu(sv + t * lanes), mx);  // 0 where masked
+          e.store(sv + t * lanes);
+          sum = sum + e;
         }
-        if (crmax == 0) continue;
-        Vec sv[RB][NS];
-        for (int b = 0; b < RB; ++b)
-          for (int j = 0; j < NS; ++j) sv[b][j] = Vec(0.f);
-        const float* qv = qt.data() + rh0 * D;
-        for (int64_t d = 0; d < D; ++d) {
-          Vec kd[NS];
-          for (int j = 0; j < NS; ++j) kd[j] = Vec::loadu(kt.data() + d * KC + j * VS);
-          for (int b = 0; b < RB; ++b) {
-            const Vec qd(qv[b * D + d]);
-            for (int j = 0; j < NS; ++j) sv[b][j] = at::vec::fmadd(qd, kd[j], sv[b][j]);
-          }
-        }
-        // Scores out of registers first: exp below is a call, which would otherwise
-        // spill every accumulator still live (the probabilities overwrite them in place).
-        for (int b = 0; b < RB; ++b)
-          for (int j = 0; j < NS; ++j) sv[b][j].store(sc[b] + j * VS);
-        float corr[RB + RBV];
-        for (int b = 0; b < RB + RBV; ++b) corr[b] = 1.f;
-        for (int b = 0; b < RB; ++b) {
-          const int64_t rh = rh0 + b;
-          if (b >= nb || crs[b] == 0) {  // past the tile, or sees none of these keys
-            std::fill(sc[b], sc[b] + KC, 0.f);
-            continue;
-          }
-          Vec mv(NEG_INF);
-          Vec row[NS];
-          for (int j = 0; j < NS; ++j) {
-            row[j] = Vec::blendv(Vec(NEG_INF), Vec::loadu(sc[b] + j * VS), lane[j] < Vec(static_cast<float>(crs[b])));
-            mv = at::vec::maximum(mv, row[j]);
-          }
-          const float mx = std::max(m[rh], hmax(mv));
-          corr[b] = std::exp(m[rh] - mx);  // 0 on the first keys (m = -inf)
-          Vec sum(0.f);
-          for (int j = 0; j < NS; ++j) {
-            const Vec e = (row[j] - Vec(mx)).exp();  // 0 where masked
-            e.store(sc[b] + j * VS);
-            sum = sum + e;
-          }
-          l[rh] = l[rh] * corr[b] + hsum(sum);
-          m[rh] = mx;
-        }
-        for (int64_t b0 = 0; b0 < nb; b0 += RBV) {
-          const int64_t nv = std::min<int64_t>(RBV, nb - b0);
-          Vec ar[RBV][NV];
-          for (int b = 0; b < RBV; ++b)
-            for (int c = 0; c < NV; ++c)
-              ar[b][c] = b < nv ? Vec::loadu(acc.data() + (rh0 + b0 + b) * D + c * VS) * Vec(corr[b0 + b]) : Vec(0.f);
-          for (int64_t t = 0; t < crmax; ++t) {
-            Vec p[RBV];
-            for (int b = 0; b < RBV; ++b) p[b] = Vec(sc[b0 + b][t]);
-            for (int c = 0; c < NV; ++c) {
-              const Vec v = Vec::loadu(vf.data() + t * D + c * VS);
-              for (int b = 0; b < RBV; ++b) ar[b][c] = at::vec::fmadd(p[b], v, ar[b][c]);
-            }
-          }
-          for (int b = 0; b < nv; ++b)
-            for (int c = 0; c < NV; ++c) ar[b][c].store(acc.data() + (rh0 + b0 + b) * D + c * VS);
-        }
+        const Vec cv = exp_minus(mold, mx);  // 0 on the first keys (m = -inf)
+        cv.store(corr.data() + v * VS);
+        (Vec::loadu(l.data() + v * VS) * cv + sum).store(l.data() + v * VS);
+        mx.store(m.data() + v * VS);
+      }
+      int64_t r0 = 0;
+      for (; r0 + VB <= RG; r0 += VB) value<VB>(r0, cnt);
+      switch (RG - r0) {
+        case 5: value<5>(r0, cnt); break;
+        case 4: value<4>(r0, cnt); break;
+        case 3: value<3>(r0, cnt); break;
+        case 2: value<2>(r0, cnt); break;
+        case 1: value<1>(r0, cnt); break;
+        default: break;
       }
     }
     shoal::write_tile_rows(acc.data(), l.data(), out, row0 + i0, R, H, h, G, D);
