@@ -30,7 +30,6 @@
 using shoal::dynamic_for;
 using shoal::Vec;
 using shoal::VS;
-using shoal::hmax;
 using shoal::hsum;
 using shoal::load_vec;
 using shoal::OutRows;
@@ -146,7 +145,7 @@ struct PrefillTile {
   // Register blocks: accumulators plus the operands of one step, within the registers.
   static constexpr int SB = 3, TB = VREGS == 32 ? 8 : 4;  // scores: 12 (24) accumulators
   static constexpr int CB = VREGS == 32 && NV % 4 == 0 ? 4 : NV % 2 == 0 ? 2 : 1;
-  static constexpr int VB = 6;  // values: 12 (24) accumulators
+  static constexpr int VB = 6;  // values: VB x CB accumulators, 12 (24) at head dim 64
   static constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
   const int64_t lanes;  // row-head lanes of a full tile, rounded up to whole vectors
   // qt: queries transposed, [D][lanes]; s: scores then probabilities, [KC][lanes];
@@ -213,13 +212,17 @@ struct PrefillTile {
     const int64_t base = ctx - len;  // row i sees base + i + 1 tokens
     const int64_t nmax = base + i0 + R;
     const int64_t seen_by_all = base + i0 + 1;  // keys no row of the tile masks
-    for (int64_t rh = 0; rh < used; ++rh) {
-      // Lanes past the tile's row-heads hold zero queries that see every key: finite,
-      // never written out.
+    for (int64_t rh = 0; rh < RG; ++rh) {
       const int64_t r = rh / G, g = rh % G;
       const Q* src = q + ((row0 + i0 + r) * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) qt[d * lanes + rh] = rh < RG ? shoal::to_float(src[d]) * scale : 0.f;
-      lim[rh] = static_cast<float>(rh < RG ? base + i0 + r + 1 : nmax);
+      for (int64_t d = 0; d < D; ++d) qt[d * lanes + rh] = shoal::to_float(src[d]) * scale;
+      lim[rh] = static_cast<float>(base + i0 + r + 1);  // exact: contexts are far below 2^24
+    }
+    for (int64_t rh = RG; rh < used; ++rh) {
+      // Lanes past the tile's row-heads hold zero queries that see every key: finite,
+      // never written out.
+      for (int64_t d = 0; d < D; ++d) qt[d * lanes + rh] = 0.f;
+      lim[rh] = static_cast<float>(nmax);
     }
     std::fill(acc.begin(), acc.begin() + used * D, 0.f);
     std::fill(m.begin(), m.begin() + used, NEG_INF);

@@ -5,7 +5,9 @@
 // clamps, conversions and blends a general exp needs): the softmax is the largest of the
 // AMX prefill kernel's three phases. Arguments are log2 of probabilities, t <= ~0:
 // t below -125 (or -inf, or NaN) gives exactly 0, as a masked key must. The same
-// construction with one more term serves the bf16 silu (fused_ops.cpp).
+// construction with one more term serves the bf16 silu (fused_ops.cpp) and, in 8 lanes
+// on AVX2 as well, the fp32 prefill tiles' softmax (paged_attention.cpp; relative error
+// 2.2e-7, two fp32 ulps).
 #pragma once
 #if defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>

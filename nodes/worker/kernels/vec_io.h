@@ -126,12 +126,9 @@ template <> inline Vec rnd_vec<c10::BFloat16>(const Vec& v) {
 #endif
 }
 
-// Horizontal sum and max of one vector (ATen's shuffle trees).
+// Horizontal sum of one vector (ATen's shuffle tree).
 inline float hsum(const Vec& v) {
   return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return a + b; }, v);
-}
-inline float hmax(const Vec& v) {
-  return at::vec::vec_reduce_all<float>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, v);
 }
 
 // Scalar forms, for the tails of rows that are not a whole number of vectors.
