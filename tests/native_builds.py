@@ -1,15 +1,17 @@
 """The native-op builds tests run: this CPU's own and the next narrower one it can run
-(AVX2 on an AVX-512 machine, the portable build on an AVX2 one), so the vector code of
-both kinds of CI machine is checked wherever the suite runs."""
+(AVX2 on an AVX-512 machine, the portable build on an AVX2 one), and on a CPU without
+AVX-512 the AVX-512 build through SIMDe's emulation of its intrinsics (no AMX), so the
+vector code of every kind of CI machine is checked wherever the suite runs."""
 
-from shoal.nodes.worker.kernels import default_isa, native_ops
+from shoal.nodes.worker.kernels import EMULATED_AVX512, default_isa, emulation_available, native_ops
 
 NARROWER = {"AVX512": "AVX2", "AVX2": "DEFAULT", "DEFAULT": None}
 
 
 def builds() -> list[str]:
     own = default_isa()
-    return [own] + ([NARROWER[own]] if NARROWER[own] else [])
+    emulated = [EMULATED_AVX512] if own != "AVX512" and emulation_available() else []
+    return [own] + ([NARROWER[own]] if NARROWER[own] else []) + emulated
 
 
 def load(isa: str):

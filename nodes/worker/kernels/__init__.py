@@ -45,6 +45,17 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
+# The AVX-512 build's code on an AVX2 CPU, through SIMDe (avx512_emulation.h): for tests,
+# which check the AVX-512 kernels wherever they run (tests/native_builds.py). Never chosen
+# by default_isa().
+EMULATED_AVX512 = "AVX512_EMULATED"
+
+
+def emulation_available() -> bool:
+    """Whether SIMDe's headers (Debian's libsimde-dev) are here for the emulated build."""
+    return Path("/usr/include/simde/x86/avx512.h").exists()
+
+
 def vector_isa(flags: set[str]) -> str:
     """The ATen CPU capability to build for: what the vector code compiles to."""
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
@@ -75,11 +86,13 @@ def native_ops(isa: str | None = None):
         from torch.utils.cpp_extension import load
 
         isa = isa or default_isa()
-        if isa not in ("AVX512", "AVX2", "DEFAULT"):
+        if isa not in ("AVX512", "AVX2", "DEFAULT", EMULATED_AVX512):
             raise ValueError(f"unknown vector ISA {isa!r}; choose AVX512, AVX2 or DEFAULT")
-        cflags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={isa}"]
+        cflags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={isa.split('_')[0]}"]
         if isa == "AVX512":
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+        elif isa == EMULATED_AVX512:
+            cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx2", "-mfma", "-mf16c", "-include", str(_HERE / "avx512_emulation.h")]
         elif isa == "AVX2":
             cflags += ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
         name = build_name(isa)

@@ -362,7 +362,11 @@ void set_amx(bool on) { use_amx = on; }
 // Both kernels compute head dims 32, 64 and 128, and are compiled into AVX-512 builds only.
 bool bf16_dots_available(int64_t D) {
 #if defined(CPU_CAPABILITY_AVX512)
+#if defined(SHOAL_EMULATED_AVX512)
+  static const bool cpu = true;  // SIMDe's dot products (avx512_emulation.h)
+#else
   static const bool cpu = __builtin_cpu_supports("avx512bf16");
+#endif
   return cpu && (D == 32 || D == 64 || D == 128);
 #else
   return false;

@@ -36,7 +36,7 @@
 #include "softmax_exp2.h"
 #include "vec_io.h"
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) && !defined(SHOAL_EMULATED_AVX512)  // AMX has no emulation
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -273,7 +273,7 @@ void amx_tile(const c10::BFloat16* q, const Packed& p, int64_t row0, int64_t len
 
 }  // namespace shoal
 
-#else  // narrower builds: never chosen
+#else  // narrower builds and the emulated AVX-512 one: never chosen
 
 namespace shoal {
 bool amx_available(int64_t) { return false; }

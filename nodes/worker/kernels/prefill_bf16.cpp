@@ -28,7 +28,11 @@
 #if defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 
+#if defined(SHOAL_EMULATED_AVX512)  // SIMDe's forms of the intrinsics (avx512_emulation.h)
+#define SHOAL_BF16
+#else
 #define SHOAL_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#endif
 
 namespace {
 
