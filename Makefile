@@ -13,7 +13,7 @@ HOST ?= $(shell hostname -s)
 # iproute2 (`ip`) makes the network namespaces of the partition test; chromium loads the
 # router's status page in its test; libsimde-dev lets the kernel tests run the AVX-512
 # build on a CPU without AVX-512 (nodes/worker/kernels/avx512_emulation.h).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@(command -v ip && command -v chromium && test -f /usr/include/simde/x86/avx512.h) >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2 chromium libsimde-dev)
 	$(PY) -m pip install -q torch==2.13.0

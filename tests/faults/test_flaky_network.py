@@ -14,7 +14,7 @@ from shoal.nodes.membership import MemberView
 from shoal.transport.rpc import RpcClient
 
 # Rates high enough that a quick job (~100 faultable sends when the engine is fast) still
-# meets every kind: at drop 0.04 a run on a fast machine saw none (P(0) ~ e^-3).
+# meets every kind: at drop 0.04 a run on a fast machine saw none (P(0) ~ e^-4).
 PLAN = {"seed": 11, "drop": 0.1, "duplicate": 0.15, "delay": 0.1, "delay_ms": 60, "reorder": 0.1}
 
 

@@ -46,8 +46,8 @@ def _source_digest() -> str:
 
 
 # The AVX-512 build's code on an AVX2 CPU, through SIMDe (avx512_emulation.h): for tests,
-# which check the AVX-512 kernels wherever they run (tests/native_builds.py). Never chosen
-# by default_isa().
+# which check the AVX-512 kernels wherever they run (tests/native_builds.py). default_isa()
+# never picks it; `SHOAL_VECTOR_ISA` may name it.
 EMULATED_AVX512 = "AVX512_EMULATED"
 
 
@@ -87,7 +87,7 @@ def native_ops(isa: str | None = None):
 
         isa = isa or default_isa()
         if isa not in ("AVX512", "AVX2", "DEFAULT", EMULATED_AVX512):
-            raise ValueError(f"unknown vector ISA {isa!r}; choose AVX512, AVX2 or DEFAULT")
+            raise ValueError(f"unknown vector ISA {isa!r}; choose AVX512, AVX2, DEFAULT or {EMULATED_AVX512}")
         cflags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={isa.split('_')[0]}"]
         if isa == "AVX512":
             cflags += ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]

@@ -1,7 +1,8 @@
 // The AVX-512 build's intrinsics on a CPU without AVX-512, for tests only: SIMDe
 // (Debian's libsimde-dev) implements `_mm512_*` on AVX2, so the AVX-512 forms of the
-// kernels (16-float vectors, the AVX512_BF16 dot products) run, slowly but exactly, on
-// an AVX2 machine, and a change to them is checked wherever the suite runs
+// kernels (16-float vectors, the AVX512_BF16 dot products) run on an AVX2 machine, with
+// the hardware's results up to the order of float sums (SIMDe's bf16 dot products add a
+// pair's products in their own order and keep denormals, which the kernels never make), and a change to them is checked wherever the suite runs
 // (tests/native_builds.py; kernels/__init__.py builds it as "AVX512_EMULATED", each
 // source file with this header forced in first). AMX has no emulation: that build
 // compiles the AMX tiles out. What SIMDe 0.7 lacks, and the SLEEF vector maths ATen's
@@ -33,9 +34,13 @@ struct Lanes {
 using F16 = Lanes<simde__m512, float, 16>;
 using D8 = Lanes<simde__m512d, double, 8>;
 
-inline uint16_t bf16_round(float f) {  // round to nearest even, as the instruction does (finite inputs)
+// fp32 -> bf16 as VCVTNE2PS2BF16 rounds: to nearest even, denormals to a signed zero, a
+// NaN quieted.
+inline uint16_t bf16_round(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
+  if ((u & 0x7F800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
   return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
@@ -132,11 +137,13 @@ static inline float shoal_mm512_reduce_add_ps(simde__m512 a) {  // pairwise, as 
   return x.v[0];
 }
 
+// GCC's tree, each level max(high half, low half) as maxps takes it: where either is NaN,
+// the second (the low half's lane) is the result.
 static inline float shoal_mm512_reduce_max_ps(simde__m512 a) {
   shoal_emulation::F16 x(a);
-  float m = x.v[0];
-  for (int i = 1; i < 16; ++i) m = std::fmax(m, x.v[i]);
-  return m;
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) x.v[i] = x.v[i + w] > x.v[i] ? x.v[i + w] : x.v[i];
+  return x.v[0];
 }
 
 // GCC defines these names for its own types: the kernels' (and ATen's) calls go to the
