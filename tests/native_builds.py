@@ -1,7 +1,8 @@
 """The native-op builds tests run: this CPU's own and the next narrower one it can run
 (AVX2 on an AVX-512 machine, the portable build on an AVX2 one), and where the CPU lacks
-AVX-512 or AVX512_BF16 the AVX-512 build too, through SIMDe's emulation of its intrinsics (no AMX), so the
-vector code of every kind of CI machine is checked wherever the suite runs."""
+AVX-512 or AVX512_BF16 the AVX-512 build too, through SIMDe's emulation of its
+intrinsics (no AMX), so the vector code of every kind of CI machine is checked wherever
+the suite runs."""
 
 from shoal.nodes.worker.dtype_choice import cpu_flags
 from shoal.nodes.worker.kernels import EMULATED_AVX512, default_isa, emulation_available, native_ops

@@ -164,112 +164,62 @@ static inline float shoal_mm512_reduce_max_ps(simde__m512 a) {
 #define _mm512_shuffle_f32x4(a, b, imm) simde_mm512_shuffle_f32x4(a, b, imm)
 
 // -- SLEEF's 16-float and 8-double functions, which ATen's vec512 types name -------------
+// With the accuracy suffix ATen names each by (u10: within 1.0 ulp); the C library's are
+// as good.
 
-#define SHOAL_EMU_UNARY(name, fn)                                       \
-  static inline simde__m512 Sleef_##name##f16(simde__m512 a) {          \
-    shoal_emulation::F16 x(a);                                          \
-    for (auto& e : x.v) e = fn(e);                                      \
-    return x.get();                                                     \
-  }                                                                     \
-  static inline simde__m512d Sleef_##name##d8(simde__m512d a) {         \
-    shoal_emulation::D8 x(a);                                           \
-    for (auto& e : x.v) e = fn(e);                                      \
-    return x.get();                                                     \
+#define SHOAL_EMU_UNARY(name, suffix, fn)                                 \
+  static inline simde__m512 Sleef_##name##f16##suffix(simde__m512 a) {    \
+    shoal_emulation::F16 x(a);                                            \
+    for (auto& e : x.v) e = fn(e);                                        \
+    return x.get();                                                       \
+  }                                                                       \
+  static inline simde__m512d Sleef_##name##d8##suffix(simde__m512d a) {   \
+    shoal_emulation::D8 x(a);                                             \
+    for (auto& e : x.v) e = fn(e);                                        \
+    return x.get();                                                       \
   }
-#define SHOAL_EMU_BINARY(name, fn)                                             \
-  static inline simde__m512 Sleef_##name##f16(simde__m512 a, simde__m512 b) {    \
-    shoal_emulation::F16 x(a), y(b);                                           \
-    for (int i = 0; i < 16; ++i) x.v[i] = fn(x.v[i], y.v[i]);                  \
-    return x.get();                                                            \
-  }                                                                            \
-  static inline simde__m512d Sleef_##name##d8(simde__m512d a, simde__m512d b) { \
-    shoal_emulation::D8 x(a), y(b);                                            \
-    for (int i = 0; i < 8; ++i) x.v[i] = fn(x.v[i], y.v[i]);                   \
-    return x.get();                                                            \
+#define SHOAL_EMU_BINARY(name, suffix, fn)                                                \
+  static inline simde__m512 Sleef_##name##f16##suffix(simde__m512 a, simde__m512 b) {     \
+    shoal_emulation::F16 x(a), y(b);                                                      \
+    for (int i = 0; i < 16; ++i) x.v[i] = fn(x.v[i], y.v[i]);                             \
+    return x.get();                                                                       \
+  }                                                                                       \
+  static inline simde__m512d Sleef_##name##d8##suffix(simde__m512d a, simde__m512d b) {   \
+    shoal_emulation::D8 x(a), y(b);                                                       \
+    for (int i = 0; i < 8; ++i) x.v[i] = fn(x.v[i], y.v[i]);                              \
+    return x.get();                                                                       \
   }
 
-// ATen names them with their accuracy suffix (u10: 1.0 ulp); the C library's are as good.
-#define Sleef_acosf16_u10 Sleef_acosf16
-#define Sleef_acosd8_u10 Sleef_acosd8
-#define Sleef_acoshf16_u10 Sleef_acoshf16
-#define Sleef_acoshd8_u10 Sleef_acoshd8
-#define Sleef_asinf16_u10 Sleef_asinf16
-#define Sleef_asind8_u10 Sleef_asind8
-#define Sleef_asinhf16_u10 Sleef_asinhf16
-#define Sleef_asinhd8_u10 Sleef_asinhd8
-#define Sleef_atanf16_u10 Sleef_atanf16
-#define Sleef_atand8_u10 Sleef_atand8
-#define Sleef_atanhf16_u10 Sleef_atanhf16
-#define Sleef_atanhd8_u10 Sleef_atanhd8
-#define Sleef_atan2f16_u10 Sleef_atan2f16
-#define Sleef_atan2d8_u10 Sleef_atan2d8
-#define Sleef_cosf16_u10 Sleef_cosf16
-#define Sleef_cosf16_u35 Sleef_cosf16
-#define Sleef_cosd8_u10 Sleef_cosd8
-#define Sleef_coshf16_u10 Sleef_coshf16
-#define Sleef_coshd8_u10 Sleef_coshd8
-#define Sleef_erff16_u10 Sleef_erff16
-#define Sleef_erfd8_u10 Sleef_erfd8
-#define Sleef_erfcf16_u15 Sleef_erfcf16
-#define Sleef_erfcd8_u15 Sleef_erfcd8
-#define Sleef_expf16_u10 Sleef_expf16
-#define Sleef_expd8_u10 Sleef_expd8
-#define Sleef_exp2f16_u10 Sleef_exp2f16
-#define Sleef_exp2d8_u10 Sleef_exp2d8
-#define Sleef_expm1f16_u10 Sleef_expm1f16
-#define Sleef_expm1d8_u10 Sleef_expm1d8
-#define Sleef_hypotf16_u05 Sleef_hypotf16
-#define Sleef_hypotd8_u05 Sleef_hypotd8
-#define Sleef_lgammaf16_u10 Sleef_lgammaf16
-#define Sleef_lgammad8_u10 Sleef_lgammad8
-#define Sleef_logf16_u10 Sleef_logf16
-#define Sleef_logd8_u10 Sleef_logd8
-#define Sleef_log10f16_u10 Sleef_log10f16
-#define Sleef_log10d8_u10 Sleef_log10d8
-#define Sleef_log1pf16_u10 Sleef_log1pf16
-#define Sleef_log1pd8_u10 Sleef_log1pd8
-#define Sleef_log2f16_u10 Sleef_log2f16
-#define Sleef_log2d8_u10 Sleef_log2d8
-#define Sleef_powf16_u10 Sleef_powf16
-#define Sleef_powd8_u10 Sleef_powd8
-#define Sleef_sinf16_u10 Sleef_sinf16
-#define Sleef_sinf16_u35 Sleef_sinf16
-#define Sleef_sind8_u10 Sleef_sind8
-#define Sleef_sinhf16_u10 Sleef_sinhf16
-#define Sleef_sinhd8_u10 Sleef_sinhd8
-#define Sleef_tanf16_u10 Sleef_tanf16
-#define Sleef_tand8_u10 Sleef_tand8
-#define Sleef_tanhf16_u10 Sleef_tanhf16
-#define Sleef_tanhd8_u10 Sleef_tanhd8
-
-SHOAL_EMU_UNARY(acos, std::acos)
-SHOAL_EMU_UNARY(acosh, std::acosh)
-SHOAL_EMU_UNARY(asin, std::asin)
-SHOAL_EMU_UNARY(asinh, std::asinh)
-SHOAL_EMU_UNARY(atan, std::atan)
-SHOAL_EMU_UNARY(atanh, std::atanh)
-SHOAL_EMU_UNARY(cos, std::cos)
-SHOAL_EMU_UNARY(cosh, std::cosh)
-SHOAL_EMU_UNARY(erf, std::erf)
-SHOAL_EMU_UNARY(erfc, std::erfc)
-SHOAL_EMU_UNARY(exp, std::exp)
-SHOAL_EMU_UNARY(exp2, std::exp2)
-SHOAL_EMU_UNARY(expm1, std::expm1)
-SHOAL_EMU_UNARY(lgamma, std::lgamma)
-SHOAL_EMU_UNARY(log, std::log)
-SHOAL_EMU_UNARY(log10, std::log10)
-SHOAL_EMU_UNARY(log1p, std::log1p)
-SHOAL_EMU_UNARY(log2, std::log2)
-SHOAL_EMU_UNARY(sin, std::sin)
-SHOAL_EMU_UNARY(sinh, std::sinh)
-SHOAL_EMU_UNARY(tan, std::tan)
-SHOAL_EMU_UNARY(tanh, std::tanh)
-SHOAL_EMU_BINARY(atan2, std::atan2)
-SHOAL_EMU_BINARY(copysign, std::copysign)
-SHOAL_EMU_BINARY(fmod, std::fmod)
-SHOAL_EMU_BINARY(hypot, std::hypot)
-SHOAL_EMU_BINARY(nextafter, std::nextafter)
-SHOAL_EMU_BINARY(pow, std::pow)
+SHOAL_EMU_UNARY(acos, _u10, std::acos)
+SHOAL_EMU_UNARY(acosh, _u10, std::acosh)
+SHOAL_EMU_UNARY(asin, _u10, std::asin)
+SHOAL_EMU_UNARY(asinh, _u10, std::asinh)
+SHOAL_EMU_UNARY(atan, _u10, std::atan)
+SHOAL_EMU_UNARY(atanh, _u10, std::atanh)
+SHOAL_EMU_UNARY(cos, _u10, std::cos)
+SHOAL_EMU_UNARY(cos, _u35, std::cos)
+SHOAL_EMU_UNARY(cosh, _u10, std::cosh)
+SHOAL_EMU_UNARY(erf, _u10, std::erf)
+SHOAL_EMU_UNARY(erfc, _u15, std::erfc)
+SHOAL_EMU_UNARY(exp, _u10, std::exp)
+SHOAL_EMU_UNARY(exp2, _u10, std::exp2)
+SHOAL_EMU_UNARY(expm1, _u10, std::expm1)
+SHOAL_EMU_UNARY(lgamma, _u10, std::lgamma)
+SHOAL_EMU_UNARY(log, _u10, std::log)
+SHOAL_EMU_UNARY(log10, _u10, std::log10)
+SHOAL_EMU_UNARY(log1p, _u10, std::log1p)
+SHOAL_EMU_UNARY(log2, _u10, std::log2)
+SHOAL_EMU_UNARY(sin, _u10, std::sin)
+SHOAL_EMU_UNARY(sin, _u35, std::sin)
+SHOAL_EMU_UNARY(sinh, _u10, std::sinh)
+SHOAL_EMU_UNARY(tan, _u10, std::tan)
+SHOAL_EMU_UNARY(tanh, _u10, std::tanh)
+SHOAL_EMU_BINARY(atan2, _u10, std::atan2)
+SHOAL_EMU_BINARY(copysign, , std::copysign)
+SHOAL_EMU_BINARY(fmod, , std::fmod)
+SHOAL_EMU_BINARY(hypot, _u05, std::hypot)
+SHOAL_EMU_BINARY(nextafter, , std::nextafter)
+SHOAL_EMU_BINARY(pow, _u10, std::pow)
 
 #undef SHOAL_EMU_UNARY
 #undef SHOAL_EMU_BINARY
