@@ -1,4 +1,4 @@
-"""W2 (the W3 benchmark): bulk embedding through a local cluster, beside its peers
+"""W2: bulk embedding through a local cluster, beside its peers
 in the same run.
 
 1. Throughput vs sentence-transformers `encode(batch_size=64)` on the same texts in the

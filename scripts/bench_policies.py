@@ -1,4 +1,4 @@
-"""W4 (the W3 benchmark): MB, EB and EB+ on the real engine under non-stationary
+"""W4: MB, EB and EB+ on the real engine under non-stationary
 traffic, each phase's throughput per policy, and which mode EB+ chose when.
 
 The paper's traces, scaled down for a CPU: the distribution shift (1024,128) → (512,512)

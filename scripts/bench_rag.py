@@ -1,4 +1,4 @@
-"""W3 (the W3 benchmark): iterative retrieval, Shoal's coroutines vs lockstep rounds.
+"""W3: iterative retrieval, Shoal's coroutines vs lockstep rounds.
 
 Both sides run the built-in `ircot` program over the same questions with the same
 engine (prefix caching on), the same MiniLM encoder and the same exact index (stdlib
