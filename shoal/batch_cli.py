@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
+from shoal.resumable_output import add_overwrite_flag
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 
@@ -32,6 +32,7 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", default="auto", help="compute dtype of the local cluster's workers")
     b.add_argument("--job-key", help="idempotency key: the same key on the same cluster attaches to the same job")
     b.add_argument("--timeout", type=float, default=120.0, help="seconds a request to the cluster may take")
+    add_overwrite_flag(b)
     b.set_defaults(fn=cmd_batch)
 
 
@@ -80,6 +81,7 @@ def cmd_batch(args) -> int:
     from shoal.openai_responses import OutputLines
     from shoal.output_path import check_output_file
     from shoal.progress import Progress
+    from shoal.resumable_output import ResumableOutput, job_fingerprint
 
     if not args.model and not args.encoder:
         raise InputError("give --model (chat and completion requests), --encoder (embeddings), or both")
@@ -94,28 +96,50 @@ def cmd_batch(args) -> int:
         print(f"bad request: {line[3]}", file=sys.stderr)
     by_id = {r.custom_id: r for r in requests}
     count_tokens = token_counter(args.encoder, encoder_info["max_seq_length"]) if encoder_info else None
-    tag = (args.job_key or f"{time.time_ns():x}")[-12:]
+    settings = {"command": "batch", "model": args.model and str(Path(args.model).resolve()),
+                "encoder": args.encoder and str(Path(args.encoder).resolve()), "dtype": args.dtype,
+                "max_tokens": args.max_tokens}
+    fingerprint = job_fingerprint(settings, [[r.line, r.item] for r in requests] + [list(b) for b in bad])
+    # Line ids are the tag and the input line: a tag of the job's own makes a rerun that
+    # finishes an interrupted one give its lines the same ids.
+    tag = (args.job_key or fingerprint)[-12:]
     lines = OutputLines(tag, int(time.time()))
-    failed = len(bad)
+    output = ResumableOutput(args.output, fingerprint, overwrite=args.overwrite)
+    done, failed = set(), 0
+    for line in output.earlier_results():
+        done.add(line["id"])
+        failed += line["error"] is not None
+    todo = [r for r in requests if lines.line_id(r.line) not in done]
+    if output.resuming:
+        print(f"resuming: {output.kept} of {len(requests) + len(bad)} lines already in {args.output}; running the "
+              f"other {len(todo)}", file=sys.stderr)
     t0 = time.perf_counter()
-    with open(args.output, "wb") as out:
-        out.write(b"".join(orjson.dumps(lines.error(*b)) + b"\n" for b in bad))
-        if requests:
-            kinds = {r.kind for r in requests}
+    with output:
+        for b in bad:
+            if lines.line_id(b[0]) not in done:
+                output.write(lines.error(*b))
+                failed += 1
+        if todo:
+            kinds = {r.kind for r in todo}
             cluster = nullcontext() if args.router else LocalCluster(
                 args.model if kinds - {"embedding"} else None, workers=args.workers, dtype=args.dtype,
                 encoder=args.encoder if "embedding" in kinds else None)
             with cluster as local:
                 router = args.router or local.router
                 job = Client(router, timeout=args.timeout).submit(
-                    [r.item for r in requests], program="openai_request",
+                    [r.item for r in todo], program="openai_request",
                     params={"max_tokens": args.max_tokens}, job_key=args.job_key)
-                print(f"job {job.id}: {len(requests)} requests via {router}", file=sys.stderr)
+                print(f"job {job.id}: {len(todo)} requests via {router}", file=sys.stderr)
                 progress = Progress(len(requests), "requests")
+                progress.advance(len(requests) - len(todo))
                 for rec in job.results():
-                    line = lines.result(by_id[rec["id"]], rec, count_tokens)
+                    req = by_id[rec["id"]]
+                    if lines.line_id(req.line) in done:  # a resubmitted --job-key returns the whole job
+                        continue
+                    done.add(lines.line_id(req.line))
+                    line = lines.result(req, rec, count_tokens)
                     failed += line["error"] is not None
-                    out.write(orjson.dumps(line) + b"\n")
+                    output.write(line)
                     progress.advance(1)
                 progress.close()
     total = len(requests) + len(bad)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-
-import orjson
+from pathlib import Path
 
 from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
 from shoal.generate_input import MAX_ITEM_BYTES
+from shoal.resumable_output import add_overwrite_flag
 
 DTYPE_HELP = ("compute dtype; auto (default): the checkpoint's where this device computes it natively "
               "(bf16 on a CPU only with AVX512_BF16 or AMX), else float32")
@@ -38,8 +38,13 @@ def add_parser(sub) -> None:
                         "(it waits that long for a node that is down to come back)")
     g.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
                    help="largest input line taken, as compact JSON (a cluster's storage has its own limit)")
+    add_overwrite_flag(g)
     g.set_defaults(fn=cmd_generate)
 
+
+def record_key(rec: dict) -> tuple:
+    """What a record of the output answers: an input line refused by --on-error skip, or an item."""
+    return ("line", rec["line"]) if "line" in rec and "finish_reason" not in rec else ("id", rec["id"])
 
 
 def cmd_generate(args) -> int:
@@ -54,6 +59,7 @@ def cmd_generate(args) -> int:
     from shoal.sampling import SamplingParams
 
     from shoal.output_path import check_output_file
+    from shoal.resumable_output import ResumableOutput, job_fingerprint
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     params.validate()
@@ -70,33 +76,55 @@ def cmd_generate(args) -> int:
     if not items:
         raise InputError(f"{args.input}: no item to run" + (f" ({len(bad)} skipped)" if bad else ""))
     payload = [it.to_record() for it in items]
-    cluster = nullcontext() if args.router else LocalCluster(
-        args.model, workers=args.workers, dtype=args.dtype, storage_args=["--max-item-bytes", str(args.max_item_bytes)])
-    with cluster as local:
-        router = args.router or local.router
-        t0 = time.perf_counter()
-        job = Client(router, timeout=args.timeout).submit(payload, params=params.to_dict(), job_key=args.job_key)
-        print(f"job {job.id}: {len(items)} sequences via {router}", file=sys.stderr)
-        progress = Progress(len(items), "sequences")
-        tokens, failed = 0, len(bad)
-        parquet = str(args.output).endswith(".parquet")
-        jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
-        with open(jsonl_path, "wb") as out:
-            out.write(b"".join(orjson.dumps(rec) + b"\n" for rec in bad))
-            for rec in job.results():
-                rec.pop("margins", None)
-                rec.pop("draws", None)
-                tokens += len(rec.get("token_ids", []))
-                failed += rec.get("finish_reason") == "error"
-                out.write(orjson.dumps(rec) + b"\n")
-                progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-        progress.close()
-        wall = time.perf_counter() - t0  # the job, not the local cluster's shutdown
-    if parquet:
-        from shoal.results_parquet import jsonl_to_parquet
+    parquet = str(args.output).endswith(".parquet")
+    jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
+    settings = {"command": "generate", "model": str(Path(args.model).resolve()), "dtype": args.dtype,
+                "params": params.to_dict()}
+    output = ResumableOutput(jsonl_path, job_fingerprint(settings, [*payload, *bad]), overwrite=args.overwrite)
+    done, failed = set(), 0
+    for rec in output.earlier_results():
+        done.add(record_key(rec))
+        failed += "line" in rec or rec.get("finish_reason") == "error"
+    todo = [rec for rec in payload if ("id", rec["id"]) not in done]
+    if output.resuming:
+        print(f"resuming: {output.kept} of {len(payload) + len(bad)} records already in {jsonl_path}; running the "
+              f"other {len(todo)}", file=sys.stderr)
+    tokens, wall = 0, 0.0
+    with output:
+        for rec in (rec for rec in bad if record_key(rec) not in done):
+            output.write(rec)
+            failed += 1
+        if todo:
+            cluster = nullcontext() if args.router else LocalCluster(
+                args.model, workers=args.workers, dtype=args.dtype,
+                storage_args=["--max-item-bytes", str(args.max_item_bytes)])
+            with cluster as local:
+                router = args.router or local.router
+                t0 = time.perf_counter()
+                job = Client(router, timeout=args.timeout).submit(todo, params=params.to_dict(), job_key=args.job_key)
+                print(f"job {job.id}: {len(todo)} sequences via {router}", file=sys.stderr)
+                progress = Progress(len(payload), "sequences")
+                progress.advance(len(payload) - len(todo))
+                for rec in job.results():
+                    if ("id", rec["id"]) in done:  # a resubmitted --job-key returns the whole job
+                        continue
+                    done.add(("id", rec["id"]))
+                    rec.pop("margins", None)
+                    rec.pop("draws", None)
+                    tokens += len(rec.get("token_ids", []))
+                    failed += rec.get("finish_reason") == "error"
+                    output.write(rec)
+                    progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+                progress.close()
+                wall = time.perf_counter() - t0  # the job, not the local cluster's shutdown
+        if parquet:  # before the run counts as finished: its results are all in the part file until then
+            from shoal.results_parquet import jsonl_to_parquet
 
-        jsonl_to_parquet(jsonl_path, args.output)
+            output.flush()
+            jsonl_to_parquet(jsonl_path, args.output)
+    if parquet:
         os.unlink(jsonl_path)
     print(f"results: {args.output}  ({len(items) + len(bad)} sequences, {failed} failed, "
-          f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s)")
+          f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s"
+          + (f"; {output.kept} kept from the interrupted run" if output.resuming else "") + ")")
     return 0

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import orjson
 
+from shoal.resumable_output import add_overwrite_flag
+
 
 def add_parsers(sub) -> None:
     ix = sub.add_parser("index", help="vector indexes: build one from an embedding job's output, load it")
@@ -61,6 +63,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--storage-nodes", type=int, default=1, help="storage nodes of the local cluster")
     r.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
     r.add_argument("--job-key", help="idempotency key (default: a new job)")
+    add_overwrite_flag(r)
     r.set_defaults(fn=cmd_rag)
 
     d = sub.add_parser("demo-data", help="the demo corpus (stdlib docstrings) and questions about it")
@@ -143,34 +146,56 @@ def cmd_rag(args) -> int:
     if not args.router and not args.model:
         raise ValueError("give --model (a local cluster runs the job) or --router")
     from shoal.output_path import check_output_file
+    from shoal.resumable_output import ResumableOutput, job_fingerprint
 
     meta = check_index(args.index, args.encoder, args.k)
     items = read_questions(args.input)
     check_output_file(args.output)
     params = {"max_hops": args.hops, "k": args.k, "thought_tokens": args.thought_tokens, "index": args.index_name}
-    cluster = nullcontext() if args.router else LocalCluster(args.model, encoder=args.encoder, workers=args.workers, dtype=args.dtype,
-                                                             storage_nodes=args.storage_nodes,
-                                                             worker_threads=args.threads)
-    with cluster as local:
-        router = args.router or local.router
-        client = Client(router)
-        placed = client.load_index(args.index, args.index_name, args.replicas)
-        print(f"index {args.index_name}: {meta['rows']} passages in {len(placed['placement'])} shards on "
-              f"{sorted({n for nodes in placed['placement'] for n in nodes})}", file=sys.stderr)
-        t0 = time.perf_counter()
-        job = client.submit(items, program="ircot", params=params, job_key=args.job_key)
-        print(f"job {job.id}: {len(items)} questions via {router}", file=sys.stderr)
-        progress = Progress(len(items), "questions")
-        records = {}
-        for rec in job.results():
-            records[rec["id"]] = rec
-            progress.advance(1)
-        progress.close()
-        wall = time.perf_counter() - t0
+    # Answers stream into a part file as they come (a rerun after a crash keeps them) and
+    # are written out in input order at the end.
+    part = f"{args.output}.part"
+    settings = {"command": "rag", "model": args.model and str(Path(args.model).resolve()),
+                "encoder": str(Path(args.encoder).resolve()), "index": str(Path(args.index).resolve()),
+                "dtype": args.dtype, "params": params}
+    output = ResumableOutput(part, job_fingerprint(settings, items), overwrite=args.overwrite)
+    records = {rec["id"]: rec for rec in output.earlier_results()}
+    todo = [it for it in items if it["id"] not in records]
+    if output.resuming:
+        print(f"resuming: {len(records)} of {len(items)} answers already in {part}; running the other {len(todo)}",
+              file=sys.stderr)
+    wall = 0.0
+    with output:
+        if todo:
+            cluster = nullcontext() if args.router else LocalCluster(
+                args.model, encoder=args.encoder, workers=args.workers, dtype=args.dtype,
+                storage_nodes=args.storage_nodes, worker_threads=args.threads)
+            with cluster as local:
+                router = args.router or local.router
+                client = Client(router)
+                placed = client.load_index(args.index, args.index_name, args.replicas)
+                print(f"index {args.index_name}: {meta['rows']} passages in {len(placed['placement'])} shards on "
+                      f"{sorted({n for nodes in placed['placement'] for n in nodes})}", file=sys.stderr)
+                t0 = time.perf_counter()
+                job = client.submit(todo, program="ircot", params=params, job_key=args.job_key)
+                print(f"job {job.id}: {len(todo)} questions via {router}", file=sys.stderr)
+                progress = Progress(len(items), "questions")
+                progress.advance(len(items) - len(todo))
+                for rec in job.results():
+                    if rec["id"] in records:  # a resubmitted --job-key returns the whole job
+                        continue
+                    records[rec["id"]] = rec
+                    output.write(rec)
+                    progress.advance(1)
+                progress.close()
+                wall = time.perf_counter() - t0
+        tmp = Path(f"{args.output}.tmp")
+        with open(tmp, "wb") as out:
+            for it in items:  # input order
+                out.write(orjson.dumps(records[it["id"]]) + b"\n")
+        tmp.replace(args.output)
+    Path(part).unlink()
     gold = {it["id"]: it["gold"] for it in items if "gold" in it}
-    with open(args.output, "wb") as out:
-        for it in items:  # input order
-            out.write(orjson.dumps(records[it["id"]]) + b"\n")
     ok = [r for r in records.values() if r.get("finish_reason") != "error"]
     hops = sum(len(r["hops"]) for r in ok)
     found = sum(1 for r in ok if r["id"] in gold and any(gold[r["id"]] in h["passages"] for h in r["hops"]))

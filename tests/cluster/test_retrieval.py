@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from shoal.program import Embed, Retrieve
 from shoal.transport.rpc import RemoteError
 from shoal.index_build import build_index
 
+from killed_command import kill_when
 from rag_setup import embed_corpus, rag_items
 
 TESTS = str(Path(__file__).resolve().parent)
@@ -188,3 +191,39 @@ def test_a_malformed_query_fails_only_its_sequence(rag_cluster):
     assert "a Retrieve query must be a text or a vector of finite numbers" in recs["bad"]["error"]
     ok = client.submit(rag_items(corpus, 1), program="ircot", params={"k": 2}).wait(timeout=60)
     assert "error" not in ok[0] and len(ok[0]["hops"][0]["passages"]) == 2
+
+
+def test_a_killed_rag_is_finished_by_the_same_command(rag_cluster):
+    """`shoal rag` streams answers into OUT.part and a rerun keeps them: an interrupted
+    run (killed once it had marked its output unfinished, then given three answers as a
+    crash would leave them) is finished by the same command, which runs only the other
+    questions and writes every answer once, in input order."""
+    c, client, corpus, emb, tmp = rag_cluster
+    items = rag_items(corpus, 8)
+    inp = tmp / "resume-questions.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(it) + b"\n" for it in items))
+
+    def rag(out):
+        return [sys.executable, "-m", "shoal.cli", "rag", "--router", c.router, "--encoder", str(c.encoder),
+                "--index", str(tmp / "index1"), "--index-name", "resume", "--input", str(inp), "--output", str(out),
+                "--k", "3"]
+
+    whole = subprocess.run(rag(tmp / "whole.jsonl"), capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    reference = (tmp / "whole.jsonl").read_bytes().splitlines(keepends=True)
+    out = tmp / "resumed.jsonl"
+    part, marker = tmp / "resumed.jsonl.part", tmp / "resumed.jsonl.part.unfinished"
+    kill_when(rag(out), marker.exists)
+    with open(part, "ab") as fh:  # what the killed run had written
+        fh.write(b"".join(reference[i] for i in (5, 0, 2)))
+    again = subprocess.run(rag(out), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming: 3 of 8 answers already in" in again.stderr and ": 5 questions via" in again.stderr
+    assert not part.exists() and not marker.exists()
+    lines = out.read_bytes().splitlines(keepends=True)
+    assert [orjson.loads(x)["id"] for x in lines] == [it["id"] for it in items]
+    assert [lines[i] for i in (0, 2, 5)] == [reference[i] for i in (0, 2, 5)]  # kept as they were
+    for it, line in zip(items, lines):  # the five run again: whole answers (equality with a run
+        rec = orjson.loads(line)        # alone is test_rag_equals_each_question_run_alone's)
+        assert "error" not in rec and len(rec["hops"]) == it["max_hops"], rec
+        assert rec["hops"][0]["query"] == it["question"] and all(len(h["passages"]) == 3 for h in rec["hops"])

@@ -1,0 +1,88 @@
+"""`shoal generate` and `shoal batch` killed mid-job (kill -9: no way out, their local
+cluster dies with them) keep the results they wrote; the same command run again runs
+only the rest, and the file ends with every item once, as an uninterrupted run would
+have made it. (`shoal rag`'s resume is in test_retrieval.py, beside its cluster.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+
+from killed_command import kill_when, whole_lines
+from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+from shoal.output_compare import compare_outputs
+from shoal.sampling import SamplingParams
+
+ITEMS = 16
+
+
+def max_tokens(i: int) -> int:
+    return 20 + 120 * i  # staggered, so that results arrive a few at a time over the job
+
+
+def test_a_killed_generate_is_finished_by_the_same_command(tiny_model, tmp_path):
+    prompts = [[1 + (7 * i + j) % 500 for j in range(3 + i)] for i in range(ITEMS)]
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps({"id": i, "prompt_token_ids": p, "max_tokens": max_tokens(i)}) + b"\n"
+                             for i, p in enumerate(prompts)))
+    out = tmp_path / "out.jsonl"
+    marker = tmp_path / "out.jsonl.unfinished"
+    args = [sys.executable, "-m", "shoal.cli", "generate", "--model", str(tiny_model), "--input", str(inp),
+            "--output", str(out), "--max-tokens", "8"]
+    kill_when(args, lambda: whole_lines(out).count(b"\n") >= 3)
+    first = whole_lines(out)
+    kept = first.count(b"\n")
+    assert marker.exists() and 3 <= kept < ITEMS, kept
+
+    # Another job's run is not continued in that file, nor is the file touched.
+    raw = out.read_bytes()
+    other = subprocess.run([*args[:-1], "9"], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "unfinished run of another job" in other.stderr, other.stderr[-2000:]
+    assert out.read_bytes() == raw
+
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming: {kept} of {ITEMS} records already in {out}; running the other {ITEMS - kept}" in again.stderr
+    assert f"{kept} kept from the interrupted run" in again.stdout
+    after = out.read_bytes()
+    assert after.startswith(first) and not marker.exists()
+    recs = [orjson.loads(line) for line in after.splitlines()]
+    assert sorted(r["id"] for r in recs) == list(range(ITEMS))
+    eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
+    refs = eng.generate(prompts, [SamplingParams(max_tokens=max_tokens(i), return_margins=True) for i in range(ITEMS)])
+    for r in recs:
+        ref = refs[r["id"]]
+        cmp = compare_outputs(r["token_ids"], ref.token_ids, [ref.margins])
+        assert cmp, f"{r['id']}: {cmp.detail}"
+
+
+def test_a_killed_batch_is_finished_with_the_same_line_ids(tiny_chat_model, tmp_path):
+    requests = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                 "body": {"model": "m", "prompt": [1 + i, 2, 3], "max_tokens": max_tokens(i), "temperature": 0}}
+                for i in range(ITEMS)]
+    inp, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps(q) + b"\n" for q in requests) + b"not json\n")
+    args = [sys.executable, "-m", "shoal.cli", "batch", "--model", str(tiny_chat_model), "--input", str(inp),
+            "--output", str(out)]
+    kill_when(args, lambda: whole_lines(out).count(b"\n") >= 4)  # the bad line's error, then results
+    first = whole_lines(out)
+    kept = [orjson.loads(line) for line in first.splitlines()]
+    assert kept[0]["error"]["line"] == ITEMS + 1 and len(kept) < ITEMS + 1
+
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resuming: {len(kept)} of {ITEMS + 1} lines already in {out}" in again.stderr
+    after = out.read_bytes()
+    assert after.startswith(first) and not (tmp_path / "results.jsonl.unfinished").exists()
+    lines = [orjson.loads(line) for line in after.splitlines()]
+    assert sorted(o["custom_id"] for o in lines[1:]) == sorted(q["custom_id"] for q in requests)
+    assert sum(o["error"] is not None for o in lines) == 1  # the bad line's error, written once
+    tag = lines[0]["id"].rsplit("_", 1)[0]  # one job, one tag: ids of both runs alike
+    line_of = {q["custom_id"]: n for n, q in enumerate(requests, 1)}
+    assert all(o["id"] == f"{tag}_{line_of[o['custom_id']]}" for o in lines[1:])
+    for o in lines[1:]:
+        i = line_of[o["custom_id"]] - 1
+        assert o["response"]["status_code"] == 200
+        assert 0 < o["response"]["body"]["usage"]["completion_tokens"] <= max_tokens(i)
