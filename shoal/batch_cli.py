@@ -98,25 +98,25 @@ def cmd_batch(args) -> int:
     count_tokens = token_counter(args.encoder, encoder_info["max_seq_length"]) if encoder_info else None
     settings = {"command": "batch", "model": args.model and str(Path(args.model).resolve()),
                 "encoder": args.encoder and str(Path(args.encoder).resolve()), "dtype": args.dtype,
-                "max_tokens": args.max_tokens}
+                "max_tokens": args.max_tokens, "job_key": args.job_key}
     fingerprint = job_fingerprint(settings, [[r.line, r.item] for r in requests] + [list(b) for b in bad])
-    # Line ids are the tag and the input line: a tag of the job's own makes a rerun that
-    # finishes an interrupted one give its lines the same ids.
+    # Output ids are the tag and the input line: a tag of the job's own (the key is in the
+    # fingerprint) gives the lines of a rerun that finishes an interrupted run the same ids.
     tag = (args.job_key or fingerprint)[-12:]
     lines = OutputLines(tag, int(time.time()))
     output = ResumableOutput(args.output, fingerprint, overwrite=args.overwrite)
     done, failed = set(), 0
-    for line in output.earlier_results():
-        done.add(line["id"])
+    for line in output.earlier_results():  # done: input line numbers
+        done.add(line["error"]["line"] if line["error"] is not None else by_id[line["custom_id"]].line)
         failed += line["error"] is not None
-    todo = [r for r in requests if lines.line_id(r.line) not in done]
+    todo = [r for r in requests if r.line not in done]
     if output.resuming:
         print(f"resuming: {output.kept} of {len(requests) + len(bad)} lines already in {args.output}; running the "
               f"other {len(todo)}", file=sys.stderr)
     t0 = time.perf_counter()
     with output:
         for b in bad:
-            if lines.line_id(b[0]) not in done:
+            if b[0] not in done:
                 output.write(lines.error(*b))
                 failed += 1
         if todo:
@@ -134,9 +134,9 @@ def cmd_batch(args) -> int:
                 progress.advance(len(requests) - len(todo))
                 for rec in job.results():
                     req = by_id[rec["id"]]
-                    if lines.line_id(req.line) in done:  # a resubmitted --job-key returns the whole job
+                    if req.line in done:  # a resubmitted --job-key returns the whole job
                         continue
-                    done.add(lines.line_id(req.line))
+                    done.add(req.line)
                     line = lines.result(req, rec, count_tokens)
                     failed += line["error"] is not None
                     output.write(line)

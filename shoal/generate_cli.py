@@ -43,8 +43,9 @@ def add_parser(sub) -> None:
 
 
 def record_key(rec: dict) -> tuple:
-    """What a record of the output answers: an input line refused by --on-error skip, or an item."""
-    return ("line", rec["line"]) if "line" in rec and "finish_reason" not in rec else ("id", rec["id"])
+    """What a record of the output answers: an input line refused by --on-error skip (its
+    id, if it has one, may be a good line's too), or an item."""
+    return ("line", rec["line"]) if "line" in rec else ("id", rec["id"])
 
 
 def cmd_generate(args) -> int:
@@ -80,11 +81,13 @@ def cmd_generate(args) -> int:
     jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
     settings = {"command": "generate", "model": str(Path(args.model).resolve()), "dtype": args.dtype,
                 "params": params.to_dict()}
-    output = ResumableOutput(jsonl_path, job_fingerprint(settings, [*payload, *bad]), overwrite=args.overwrite)
+    # Refused lines count by their numbers (their errors name the input as it was typed).
+    fingerprint = job_fingerprint(settings, [*payload, *({"refused line": rec["line"]} for rec in bad)])
+    output = ResumableOutput(jsonl_path, fingerprint, overwrite=args.overwrite)
     done, failed = set(), 0
     for rec in output.earlier_results():
         done.add(record_key(rec))
-        failed += "line" in rec or rec.get("finish_reason") == "error"
+        failed += rec.get("finish_reason") == "error"
     todo = [rec for rec in payload if ("id", rec["id"]) not in done]
     if output.resuming:
         print(f"resuming: {output.kept} of {len(payload) + len(bad)} records already in {jsonl_path}; running the "
@@ -120,7 +123,6 @@ def cmd_generate(args) -> int:
         if parquet:  # before the run counts as finished: its results are all in the part file until then
             from shoal.results_parquet import jsonl_to_parquet
 
-            output.flush()
             jsonl_to_parquet(jsonl_path, args.output)
     if parquet:
         os.unlink(jsonl_path)

@@ -18,17 +18,13 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
 class OutputLines:
-    """Output lines of one batch run; ids are the run's tag and the input line."""
+    """Output lines of one batch job; ids are the job's tag and the input line."""
 
     def __init__(self, tag: str, created: int):
         self.tag, self.created = tag, created
 
     def _ids(self, line: int) -> tuple[str, str]:
-        return self.line_id(line), f"req_{self.tag}_{line}"
-
-    def line_id(self, line: int) -> str:
-        """The output line's id for input line `line`."""
-        return f"batch_req_{self.tag}_{line}"
+        return f"batch_req_{self.tag}_{line}", f"req_{self.tag}_{line}"
 
     def error(self, line: int, custom_id, code: str, message: str, param: str | None = None) -> dict:
         return {"id": self._ids(line)[0], "custom_id": custom_id, "response": None,

@@ -156,7 +156,8 @@ def cmd_rag(args) -> int:
     # are written out in input order at the end.
     part = f"{args.output}.part"
     settings = {"command": "rag", "model": args.model and str(Path(args.model).resolve()),
-                "encoder": str(Path(args.encoder).resolve()), "index": str(Path(args.index).resolve()),
+                "encoder": str(Path(args.encoder).resolve()),
+                "index": {"path": str(Path(args.index).resolve()), "manifest": meta},
                 "dtype": args.dtype, "params": params}
     output = ResumableOutput(part, job_fingerprint(settings, items), overwrite=args.overwrite)
     records = {rec["id"]: rec for rec in output.earlier_results()}

@@ -25,16 +25,19 @@ def max_tokens(i: int) -> int:
 def test_a_killed_generate_is_finished_by_the_same_command(tiny_model, tmp_path):
     prompts = [[1 + (7 * i + j) % 500 for j in range(3 + i)] for i in range(ITEMS)]
     inp = tmp_path / "in.jsonl"
+    # Three lines --on-error skip refuses, each an error record of its own, written first:
+    # one repeats a good line's id, two have none.
+    refused = [b'{"id": 3, "prompt_token_ids": [5]}', b'{"prompt_token_ids": [5]}', b"not json"]
     inp.write_bytes(b"".join(orjson.dumps({"id": i, "prompt_token_ids": p, "max_tokens": max_tokens(i)}) + b"\n"
-                             for i, p in enumerate(prompts)))
+                             for i, p in enumerate(prompts)) + b"\n".join(refused) + b"\n")
     out = tmp_path / "out.jsonl"
     marker = tmp_path / "out.jsonl.unfinished"
     args = [sys.executable, "-m", "shoal.cli", "generate", "--model", str(tiny_model), "--input", str(inp),
-            "--output", str(out), "--max-tokens", "8"]
-    kill_when(args, lambda: whole_lines(out).count(b"\n") >= 3)
+            "--output", str(out), "--on-error", "skip", "--max-tokens", "8"]
+    kill_when(args, lambda: whole_lines(out).count(b"\n") >= 6)
     first = whole_lines(out)
     kept = first.count(b"\n")
-    assert marker.exists() and 3 <= kept < ITEMS, kept
+    assert marker.exists() and 6 <= kept < ITEMS + 3, kept
 
     # Another job's run is not continued in that file, nor is the file touched.
     raw = out.read_bytes()
@@ -44,11 +47,14 @@ def test_a_killed_generate_is_finished_by_the_same_command(tiny_model, tmp_path)
 
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"resuming: {kept} of {ITEMS} records already in {out}; running the other {ITEMS - kept}" in again.stderr
+    assert f"resuming: {kept} of {ITEMS + 3} records already in {out}; running the other {ITEMS + 3 - kept}" \
+        in again.stderr
     assert f"{kept} kept from the interrupted run" in again.stdout
     after = out.read_bytes()
     assert after.startswith(first) and not marker.exists()
     recs = [orjson.loads(line) for line in after.splitlines()]
+    assert sorted(r["line"] for r in recs if "line" in r) == [ITEMS + 1, ITEMS + 2, ITEMS + 3]  # each once
+    recs = [r for r in recs if "line" not in r]
     assert sorted(r["id"] for r in recs) == list(range(ITEMS))
     eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
     refs = eng.generate(prompts, [SamplingParams(max_tokens=max_tokens(i), return_margins=True) for i in range(ITEMS)])

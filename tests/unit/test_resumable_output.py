@@ -79,3 +79,35 @@ def test_the_fingerprint_covers_settings_and_every_item():
     assert job_fingerprint({"a": 1, "b": 3}, items) != base
     assert job_fingerprint({"a": 1, "b": 2}, items[:2]) != base
     assert job_fingerprint({"a": 1, "b": 2}, [*items[:2], {"id": 2, "prompt": "q"}]) != base
+
+
+def test_another_job_s_marker_over_no_result_is_a_fresh_start(tmp_path):
+    """A run that failed before its first result (a cluster that did not start) leaves
+    nothing to protect: a corrected command starts over without --overwrite."""
+    path = tmp_path / "out.jsonl"
+    interrupted_run(path, [])
+    other = job_fingerprint({"model": "m2"}, [])
+    out = ResumableOutput(path, other)
+    assert not out.resuming
+    with out:
+        out.write({"id": 1})
+    assert path.read_bytes() == b'{"id":1}\n' and not out.marker.exists()
+
+
+def test_results_left_unread_are_kept_all_the_same(tmp_path):
+    path = tmp_path / "out.jsonl"
+    interrupted_run(path, [{"id": i} for i in range(4)])
+    out = ResumableOutput(path, JOB)
+    first = next(out.earlier_results())  # a caller that stops reading early
+    assert first == {"id": 0}
+    with out:
+        out.write({"id": 4})
+    assert [orjson.loads(x)["id"] for x in path.read_bytes().splitlines()] == [0, 1, 2, 3, 4]
+    assert out.kept == 4
+
+
+def test_each_result_reaches_the_file_as_it_is_written(tmp_path):
+    path = tmp_path / "out.jsonl"
+    with ResumableOutput(path, JOB) as out:
+        out.write({"id": 0})
+        assert path.read_bytes() == b'{"id":0}\n'  # not held in a buffer until the next one
