@@ -77,6 +77,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="give up when the cluster has not answered for this many seconds")
     st.set_defaults(fn=cmd_status)
 
+    cn = sub.add_parser("cancel", help="stop placing a job's items (what workers hold finishes); its results are kept")
+    cn.add_argument("job")
+    cn.add_argument("--router", required=True)
+    cn.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                    help="give up when the cluster has not answered for this many seconds")
+    cn.set_defaults(fn=cmd_cancel)
+
 
 def cmd_up(args) -> int:
     from shoal.local_cluster import LocalCluster
@@ -242,6 +249,14 @@ def cmd_status(args) -> int:
     from shoal.client import Client
 
     print(orjson.dumps(Client(args.router, timeout=args.timeout).job(args.job).status(),
+                       option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    from shoal.client import Client
+
+    print(orjson.dumps(Client(args.router, timeout=args.timeout).job(args.job).cancel(),
                        option=orjson.OPT_INDENT_2).decode())
     return 0
 

@@ -61,6 +61,16 @@ def test_up_detached_and_down(tiny_model, tmp_path):
 
     job = shoal.Client(router).submit([{"id": "a", "prompt": "The module"}], params={"max_tokens": 3})
     assert [r["id"] for r in job.wait(timeout=60)] == ["a"]
+    # A long job cancelled from the command line: its results end at once (run on, it
+    # would take minutes), with at most what the worker held (two batches of 256).
+    long = shoal.Client(router).submit([{"id": i, "prompt_token_ids": [1 + i % 500, 2]} for i in range(1200)],
+                                       params={"max_tokens": 1000})
+    cancel = run_cli("cancel", long.id, "--router", router)
+    assert cancel.returncode == 0, cancel.stderr[-2000:]
+    assert orjson.loads(cancel.stdout)["state"] == "cancelled"
+    assert len(long.wait(timeout=240)) <= 512
+    unknown = run_cli("cancel", "j-nope", "--router", router)
+    assert unknown.returncode == 2 and "no job j-nope" in unknown.stderr
     down = run_cli("down", "--dir", str(state))
     assert down.returncode == 0 and "stopped" in down.stdout
     again = run_cli("down", "--dir", str(state))
