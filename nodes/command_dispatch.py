@@ -106,6 +106,10 @@ class CommandDispatch:
             log.info("[move] %d sequences of %s: %s -> %s", len(c.seq_ids) if c.seq_ids else c.count, c.job_id,
                      c.source, c.target)
             return []
+        if isinstance(c, cmd.DropJob):
+            self.to_worker(c.worker, "DropJob", {"epoch": epoch, "job_id": c.job_id})
+            log.info("[job] %s cancelled: %s drops its sequences", c.job_id, c.worker)
+            return []
         if isinstance(c, cmd.CountResults):
             counts = self.node._call(self.node._job_storage(job), "ResultCountQuery", {"job_id": c.job_id})
             return core.results_counted(c.job_id, counts["records"], time.monotonic())

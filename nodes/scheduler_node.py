@@ -236,7 +236,7 @@ class SchedulerNode(Node):
         self._leader()
         job = self._job(msg["job_id"])
         was_running = job.running
-        self.core.cancel(job.job_id)
+        self.commands.run(self.core.cancel(job.job_id))  # the workers drop what they hold of it
         if was_running:
             self._log_job(job)
         return encode("JobStatus", job.status(time.monotonic()), reply_to=msg.id)

@@ -114,6 +114,9 @@ IMPORT_ACK = _declare(M("ImportAck", "The target holds the sequence now (the sou
     F("job_id", "str"), F("seq_id", "any"))))
 DRAIN = _declare(M("DrainWorker", "Stop admitting work, let the scheduler move what is held, then leave and exit.", (
     F("epoch", "int"),)))
+DROP_JOB = _declare(M("DropJob", "A cancelled job: stop its sequences where they are and let them go (results already "
+                                 "finished are still stored); carries the leader's epoch; answered by OpsAck.", (
+    F("epoch", "int"), F("job_id", "str"))))
 DRAIN_NODE = _declare(M("DrainNode", "Ask the scheduler to drain a worker (from a client, through the router).", (
     F("node_id", "str"),)))
 MIGRATE_REQUEST = _declare(M("MigrateRequest", "Ask the scheduler to move a job's sequences (all, or seq_ids) to a worker.", (

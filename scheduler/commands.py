@@ -62,6 +62,15 @@ class MigrateSequences:
 
 
 @dataclass(frozen=True)
+class DropJob:
+    """Tell the worker a job is cancelled: it stops the job's sequences it holds. Best
+    effort: where the message is lost, they run to their end, as before a cancel."""
+
+    worker: str
+    job_id: str
+
+
+@dataclass(frozen=True)
 class CountResults:
     """Count the job's stored results; answer with `core.results_counted`."""
 

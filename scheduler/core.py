@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from shoal.scheduler.commands import (AssignSequences, AssignSuperBatches, CountResults, LogJob, MigrateSequences,
-                                      ReadInput, ReadSuperBatchPlan)
+from shoal.scheduler.commands import (AssignSequences, AssignSuperBatches, CountResults, DropJob, LogJob,
+                                      MigrateSequences, ReadInput, ReadSuperBatchPlan)
 from shoal.scheduler.job import Job, assignment, unit_id
 from shoal.scheduler.placement import PendingSeq, WorkerLoad, place
 from shoal.scheduler.rebalance import Move, plan_drain, plan_steals
@@ -57,17 +57,20 @@ class SchedulerCore:
     def add_job(self, job: Job) -> None:
         self.jobs[job.job_id] = job
 
-    def cancel(self, job_id: str) -> Job | None:
-        """Stops placing the job's work; returns the job (None: unknown), with its state
-        changed to cancelled if it was running (the shell logs that)."""
+    def cancel(self, job_id: str) -> list[DropJob]:
+        """Stops placing the job's work and changes its state to cancelled if it was
+        running (the shell logs that); the workers holding its sequences are told to drop
+        them, and the table lets go of them (a late report of one counts for nothing)."""
         job = self.jobs.get(job_id)
         if job is None:
-            return None
+            return []
         if job.running:
             job.state = "cancelled"
         job.pending.clear()
         job.pending_ids.clear()
-        return job
+        holders = sorted(job.placed.per_worker)
+        job.placed.clear()
+        return [DropJob(wid, job_id) for wid in holders]
 
     def input_read(self, job_id: str, items: list, checkpoints: list | None, next_offset: int,
                    offset: int | None = None) -> list:

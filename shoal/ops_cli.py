@@ -77,7 +77,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="give up when the cluster has not answered for this many seconds")
     st.set_defaults(fn=cmd_status)
 
-    cn = sub.add_parser("cancel", help="stop placing a job's items (what workers hold finishes); its results are kept")
+    cn = sub.add_parser("cancel", help="stop a job: nothing more of it is placed or run; its results are kept")
     cn.add_argument("job")
     cn.add_argument("--router", required=True)
     cn.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,

@@ -18,6 +18,12 @@ class Admit:
 
 
 @dataclass
+class Drop:
+    """A cancelled job: its sequences stop where they are and are let go."""
+    job_id: str
+
+
+@dataclass
 class Export:
     """Sequences to move to another worker: the listed ones, or `count` of the worker's
     choosing (queued first; count < 0: all)."""

@@ -40,7 +40,7 @@ from shoal.protocol.errors import ProtocolError
 
 from shoal.nodes.worker.worker_config import WorkerConfig, add_worker_args, config_from_args, load_decoder, load_encoder
 from shoal.nodes.worker.held_sequences import HeldSequences
-from shoal.nodes.worker.inbox import Admit, Export
+from shoal.nodes.worker.inbox import Admit, Drop, Export
 from shoal.nodes.worker.liveness import Liveness
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
@@ -69,6 +69,7 @@ class WorkerNode(Node):
         self.inbox: queue.Queue = queue.Queue()  # Admit and Export commands for the compute thread
         self.link_bytes_per_s = config.link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
+        self.cancelled: set[str] = set()  # jobs dropped: a late re-sent assignment of one is not run
         self.generation = 0  # bumped when a lost lease makes us drop everything
         # Line-buffered: a benchmark reads it while the node runs.
         self.step_log = open(config.step_log, "a", buffering=1) if config.step_log else None
@@ -141,7 +142,7 @@ class WorkerNode(Node):
         return {"AssignSequences": self.on_assign, "AssignSuperBatches": self.on_assign_superbatches,
                 "HoldingQuery": self.on_holding,
                 "MigrateSequences": self.on_migrate, "ImportChunk": self.on_import_chunk,
-                "ImportSequence": self.on_import_sequence, "DrainWorker": self.on_drain}
+                "ImportSequence": self.on_import_sequence, "DrainWorker": self.on_drain, "DropJob": self.on_drop_job}
 
     # -- IO thread -------------------------------------------------------------------------
 
@@ -181,6 +182,8 @@ class WorkerNode(Node):
         for s in msg["sequences"]:
             if not isinstance(s, dict) or "seq_id" not in s:
                 raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
+        if msg["job_id"] in self.cancelled:
+            return encode("AssignAck", {"job_id": msg["job_id"], "accepted": 0, "refused": []}, reply_to=msg.id)
         seqs = self.held.take(msg["job_id"], msg["sequences"])  # a re-sent assignment runs once
         self.counters["sequences.duplicate"] += len(msg["sequences"]) - len(seqs)
         self._take_job(msg)
@@ -246,7 +249,8 @@ class WorkerNode(Node):
         if state.get("fingerprint") != self.engine.fingerprint:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"sequence {seq['seq_id']!r}: state is from model "
                                 f"{state.get('fingerprint')!r}, this worker runs {self.engine.fingerprint!r}")
-        if self.held.holds(msg["job_id"], seq["seq_id"]):  # a re-sent import is taken once
+        # A re-sent import is taken once; one of a cancelled job, not at all.
+        if self.held.holds(msg["job_id"], seq["seq_id"]) or msg["job_id"] in self.cancelled:
             return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
         kv = self.mover.assemble(msg["transfer_id"], msg["chunks"])
         self._take_job(msg, from_leader=False)
@@ -254,6 +258,15 @@ class WorkerNode(Node):
             self.inbox.put(Admit(msg["job_id"], msg["program"], msg["args"], [seq], {seq["seq_id"]: kv}))
             self.counters["sequences.imported"] += 1
         return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
+
+    def on_drop_job(self, msg: Message):
+        """The job was cancelled: the compute thread stops its sequences and lets them go
+        (results finished before are still stored)."""
+        self._fence(msg["epoch"])
+        if msg["job_id"] not in self.cancelled:
+            self.cancelled.add(msg["job_id"])
+            self.inbox.put(Drop(msg["job_id"]))
+        return encode("OpsAck", {"detail": {"node_id": self.node_id, "job_id": msg["job_id"]}}, reply_to=msg.id)
 
     def on_drain(self, msg: Message):
         """Stop taking work; the scheduler moves what is held; when nothing is left
@@ -317,6 +330,14 @@ class WorkerNode(Node):
                                      kv, to_node, to_address, self.generation))
         self.counters["migrations.started"] += len(keys)
 
+    def _drop(self, cmd: Drop) -> None:
+        keys = [key for key in self.runner.coros if key[0] == cmd.job_id]
+        for key in keys:
+            self.runner.abort(key)
+        self.held.release(cmd.job_id, [key[1] for key in keys])
+        self.counters["sequences.dropped"] += len(keys)
+        log.info("[job] %s cancelled: dropped %d sequences", cmd.job_id, len(keys))
+
     def _moved(self, job_id: str, seq_id, to_node: str, generation: int) -> None:
         """Mover thread: the target holds the sequence; let it go and tell the scheduler."""
         if generation != self.generation:  # we rejoined meanwhile: what we hold now is new work
@@ -341,6 +362,8 @@ class WorkerNode(Node):
         while True:
             if isinstance(item, Admit):
                 self._admit(item)
+            elif isinstance(item, Drop):
+                self._drop(item)
             else:
                 self._export(item)
             try:

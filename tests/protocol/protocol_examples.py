@@ -58,6 +58,7 @@ EXAMPLES = {
                         "chunks": 1, "storage": "tcp://127.0.0.1:6", "report_to": "tcp://127.0.0.1:5"}, {}),
     "ImportAck": ({"job_id": "j-1", "seq_id": "1"}, {}),
     "DrainWorker": ({"epoch": 7}, {}),
+    "DropJob": ({"epoch": 7, "job_id": "j-1"}, {}),
     "DrainNode": ({"node_id": "w-1"}, {}),
     "MigrateRequest": ({"job_id": "j-1", "to_node": "w-2", "seq_ids": ["1"]}, {}),
     "OpsAck": ({"detail": {"moving": 3}}, {}),

@@ -180,9 +180,13 @@ def test_a_job_cancelled_mid_move_gets_no_more_commands():
     h.tick()
     h.finish("w1", h.placed_on("w1"))
     h.tick()
-    h.core.cancel("j")
-    assert h.job.state == "cancelled" and not h.job.pending
     moving = h.placed_on("w0")[:2]
+    holders = sorted({w for w in h.job.placed.values()})
+    drops = h.core.cancel("j")
+    assert h.job.state == "cancelled" and not h.job.pending
+    # Every worker holding its sequences is told to drop them, and the table lets go.
+    assert [(d.worker, d.job_id) for d in drops] == [(w, "j") for w in holders] and len(holders) == 2
+    assert not h.job.placed and h.core.cancel("nope") == []
     h.core.progress("w0", "j", [], [[s, "w1"] for s in moving], 6, 0)  # the move completes after all
     out = h.tick()
     assert not of(cmd.AssignSequences, out) and not of(cmd.ReadInput, out) and not of(cmd.CountResults, out)
