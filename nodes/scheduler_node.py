@@ -235,10 +235,10 @@ class SchedulerNode(Node):
     def on_cancel(self, msg: Message):
         self._leader()
         job = self._job(msg["job_id"])
-        was_running = job.running
-        self.commands.run(self.core.cancel(job.job_id))  # the workers drop what they hold of it
-        if was_running:
+        drops = self.core.cancel(job.job_id)
+        if job.state == "cancelled":  # again on a repeated cancel: a write that failed is retried
             self._log_job(job)
+        self.commands.run(drops)  # after the log: a new leader never places again what workers dropped
         return encode("JobStatus", job.status(time.monotonic()), reply_to=msg.id)
 
     def on_drain(self, msg: Message):

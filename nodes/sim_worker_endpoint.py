@@ -55,7 +55,7 @@ class SimWorkerEndpoint(Node):
     def handler_table(self) -> dict:
         return {"AssignSequences": self.on_assign, "HoldingQuery": self.on_holding,
                 "MigrateSequences": self.on_migrate, "ImportSequence": self.on_import_sequence,
-                "DrainWorker": self.on_drain}
+                "DrainWorker": self.on_drain, "DropJob": self.on_drop_job}
 
     def held_count(self) -> int:
         return sum(len(ids) for ids in self.held.values())
@@ -102,6 +102,15 @@ class SimWorkerEndpoint(Node):
             job["report_to"] = msg["report_to"]
         jobs = {job_id: sorted(ids, key=str) for job_id, ids in self.held.items() if ids}
         return encode("Holding", {"node_id": self.node_id, "jobs": jobs}, reply_to=msg.id)
+
+    def on_drop_job(self, msg: Message):
+        """A cancelled job: its queued sequences never start (running ones finish)."""
+        self._fence(msg["epoch"])
+        job_id = msg["job_id"]
+        dropped = [s["seq_id"] for j, s in self.queue if j == job_id]
+        self.queue = deque((j, s) for j, s in self.queue if j != job_id)
+        self.held.get(job_id, set()).difference_update(dropped)
+        return encode("OpsAck", {"detail": {"node_id": self.node_id, "dropped": len(dropped)}}, reply_to=msg.id)
 
     def on_drain(self, msg: Message):
         self._fence(msg["epoch"])

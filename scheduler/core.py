@@ -59,18 +59,23 @@ class SchedulerCore:
 
     def cancel(self, job_id: str) -> list[DropJob]:
         """Stops placing the job's work and changes its state to cancelled if it was
-        running (the shell logs that); the workers holding its sequences are told to drop
-        them, and the table lets go of them (a late report of one counts for nothing)."""
+        running (the shell logs that). Every worker is told to drop the job's sequences:
+        not only those the table places there, since one may be on its way to another
+        worker. The table lets go of them (a late report of one counts for nothing) and
+        the workers' counts lose them now, so that the next job has their room before the
+        workers report. An embedding job's SuperBatches in flight are short and finish."""
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or job.state not in ("running", "cancelled"):  # a finished job stays as it is
             return []
-        if job.running:
-            job.state = "cancelled"
+        job.state = "cancelled"
         job.pending.clear()
         job.pending_ids.clear()
-        holders = sorted(job.placed.per_worker)
+        if job.embedding:
+            return []
+        for wid, n in job.placed.per_worker.items():
+            self.held[wid] = max(0, self.held.get(wid, 0) - n)
         job.placed.clear()
-        return [DropJob(wid, job_id) for wid in holders]
+        return [DropJob(wid, job_id) for wid in sorted(self.workers)]
 
     def input_read(self, job_id: str, items: list, checkpoints: list | None, next_offset: int,
                    offset: int | None = None) -> list:

@@ -4,8 +4,8 @@ on the IO thread.
 Threads, and what each owns:
 
 - IO thread (the node loop): answers every message at once, whatever the model is
-  doing; puts `Admit` and `Export` commands (`inbox.py`) on the inbox. It never waits
-  on the engine.
+  doing; puts `Admit`, `Export` and `Drop` commands (`inbox.py`) on the inbox. It never
+  waits on the engine.
 - compute thread (`compute_thread.py`): owns the engine, the models and the program
   runner: drains the inbox between steps, steps the engine, runs programs between
   their operations, exports sequences that move and takes in imported ones.
@@ -66,7 +66,7 @@ class WorkerNode(Node):
         self.jobs: dict[str, dict] = {}  # job_id -> {"storage", "report_to"}
         self.held = HeldSequences()  # what a new leader is told this worker holds
         self.epoch = 0  # the newest leader epoch seen; older leaders' commands are refused
-        self.inbox: queue.Queue = queue.Queue()  # Admit and Export commands for the compute thread
+        self.inbox: queue.Queue = queue.Queue()  # Admit, Export and Drop commands for the compute thread
         self.link_bytes_per_s = config.link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
         self.cancelled: set[str] = set()  # jobs dropped: a late re-sent assignment of one is not run
@@ -249,8 +249,10 @@ class WorkerNode(Node):
         if state.get("fingerprint") != self.engine.fingerprint:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"sequence {seq['seq_id']!r}: state is from model "
                                 f"{state.get('fingerprint')!r}, this worker runs {self.engine.fingerprint!r}")
-        # A re-sent import is taken once; one of a cancelled job, not at all.
-        if self.held.holds(msg["job_id"], seq["seq_id"]) or msg["job_id"] in self.cancelled:
+        if msg["job_id"] in self.cancelled:  # acknowledged, so the source lets it go too
+            self.mover.discard(msg["transfer_id"])
+            return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
+        if self.held.holds(msg["job_id"], seq["seq_id"]):  # a re-sent import is taken once
             return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
         kv = self.mover.assemble(msg["transfer_id"], msg["chunks"])
         self._take_job(msg, from_leader=False)
@@ -297,6 +299,9 @@ class WorkerNode(Node):
 
     def _admit(self, cmd: Admit) -> None:
         job_id, program, args, kvs = cmd.job_id, cmd.program, cmd.args, cmd.kv
+        if job_id in self.cancelled:  # queued before the drop, or back from a failed move
+            self.held.release(job_id, [s["seq_id"] for s in cmd.sequences])
+            return
         for s in cmd.sequences:
             item = s.get("item")
             if item is None:  # a protocol 1.2 scheduler sends the generate program's fields

@@ -73,6 +73,7 @@ def test_a_job_is_read_placed_and_finished():
     out = h.tick()
     assert of(cmd.CountResults, out) and of(cmd.LogJob, out)
     assert h.job.state == "done" and h.job.done == 20
+    assert h.core.cancel("j") == [] and h.job.state == "done"  # a finished job stays finished
 
 
 def test_a_re_sent_report_counts_once():
@@ -181,11 +182,13 @@ def test_a_job_cancelled_mid_move_gets_no_more_commands():
     h.finish("w1", h.placed_on("w1"))
     h.tick()
     moving = h.placed_on("w0")[:2]
-    holders = sorted({w for w in h.job.placed.values()})
+    held, placed = dict(h.core.held), dict(h.job.placed.per_worker)
     drops = h.core.cancel("j")
     assert h.job.state == "cancelled" and not h.job.pending
-    # Every worker holding its sequences is told to drop them, and the table lets go.
-    assert [(d.worker, d.job_id) for d in drops] == [(w, "j") for w in holders] and len(holders) == 2
+    # Every worker is told to drop the job's sequences (one may be on its way to a worker
+    # that held none), the table lets go of them, and the workers' counts lose them at once.
+    assert [(d.worker, d.job_id) for d in drops] == [("w0", "j"), ("w1", "j")]
+    assert placed["w0"] and all(h.core.held[w] == held[w] - placed[w] for w in placed)
     assert not h.job.placed and h.core.cancel("nope") == []
     h.core.progress("w0", "j", [], [[s, "w1"] for s in moving], 6, 0)  # the move completes after all
     out = h.tick()
