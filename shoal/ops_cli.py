@@ -70,19 +70,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     help="give up when the cluster has not answered for this many seconds")
     mg.set_defaults(fn=cmd_migrate)
 
-    st = sub.add_parser("status", help="a job's status")
-    st.add_argument("job")
-    st.add_argument("--router", required=True)
-    st.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
-                    help="give up when the cluster has not answered for this many seconds")
-    st.set_defaults(fn=cmd_status)
-
-    cn = sub.add_parser("cancel", help="stop a job: nothing more of it is placed or run; its results are kept")
-    cn.add_argument("job")
-    cn.add_argument("--router", required=True)
-    cn.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
-                    help="give up when the cluster has not answered for this many seconds")
-    cn.set_defaults(fn=cmd_cancel)
+    for name, what, fn in (("status", "a job's status", cmd_status),
+                           ("cancel", "stop a job: nothing more of it is placed or run; its results are kept",
+                            cmd_cancel)):
+        job = sub.add_parser(name, help=what)
+        job.add_argument("job")
+        job.add_argument("--router", required=True)
+        job.add_argument("--timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                         help="give up when the cluster has not answered for this many seconds")
+        job.set_defaults(fn=fn)
 
 
 def cmd_up(args) -> int:
