@@ -287,7 +287,7 @@ class SchedulerNode(Node):
         for wid, w in workers.items():
             def answered(reply, wid=wid, info=w.info):
                 if self.takeover is takeover:
-                    self.core.holding(WorkerInfo.from_member(wid, info), reply["jobs"])
+                    self.commands.run(self.core.holding(WorkerInfo.from_member(wid, info), reply["jobs"]))
                     takeover.waiting.discard(wid)
 
             def unanswered(reply, wid=wid) -> bool:

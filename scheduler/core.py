@@ -198,14 +198,22 @@ class SchedulerCore:
                 back += 1
         self.held[command.worker] = max(0, self.held.get(command.worker, 0) - back)
 
-    def holding(self, worker: WorkerInfo, jobs: dict[str, list]) -> None:
-        """After a takeover: what a worker says it holds, job by job."""
+    def holding(self, worker: WorkerInfo, jobs: dict[str, list]) -> list[DropJob]:
+        """After a takeover: what a worker says it holds, job by job. What it holds of a
+        cancelled job it is told to drop (the old leader's drop may not have reached it)."""
         self.incarnations[worker.node_id] = worker.incarnation
         self._unseen_holders |= worker.node_id not in self.workers
+        drops, held = [], 0
         for job_id, sids in jobs.items():
-            if job_id in self.jobs:
-                self.jobs[job_id].placed.update((sid, worker.node_id) for sid in sids)
-        self.held[worker.node_id] = sum(len(s) for s in jobs.values())
+            job = self.jobs.get(job_id)
+            if job is not None and job.state == "cancelled":
+                drops.append(DropJob(worker.node_id, job_id))
+                continue
+            if job is not None:
+                job.placed.update((sid, worker.node_id) for sid in sids)
+            held += len(sids)
+        self.held[worker.node_id] = held
+        return drops
 
     def reset(self) -> None:
         """A new epoch: the job table is rebuilt from the job log and the workers' holdings."""

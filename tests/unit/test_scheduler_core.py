@@ -140,6 +140,17 @@ def test_takeover_rebuilds_placement_from_what_workers_hold():
     assert len(h.job.placed) + len(h.job.pending) == 9
 
 
+def test_a_takeover_drops_what_workers_still_hold_of_a_cancelled_job():
+    h = Harness(n_items=10)
+    h.tick()
+    held = h.placed_on("w0")
+    h.core.reset()
+    h.core.add_job(Job("j", "key", "generate", {}, 10, "mem", "cancelled"))  # as the job log has it
+    assert h.core.holding(worker("w0"), {"j": held}) == [cmd.DropJob("w0", "j")]
+    assert not h.job.placed and h.core.held["w0"] == 0
+    assert h.core.holding(worker("w1"), {}) == []
+
+
 def test_stealing_moves_half_the_gap_once_nothing_is_pending():
     h = Harness(n_items=16, workers=("w0", "w1"), max_seqs=8)
     h.tick()
