@@ -111,10 +111,6 @@ class SequenceMover:
         self.incoming.pop(transfer_id, None)
         return b"".join(got[i] for i in range(chunks))
 
-    def discard(self, transfer_id: str) -> None:
-        """An import that is not taken: its chunks are let go."""
-        self.incoming.pop(transfer_id, None)
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)

@@ -69,7 +69,7 @@ class WorkerNode(Node):
         self.inbox: queue.Queue = queue.Queue()  # Admit, Export and Drop commands for the compute thread
         self.link_bytes_per_s = config.link_bytes_per_s  # for the ship-or-re-prefill rule
         self.draining = False
-        self.cancelled: set[str] = set()  # jobs dropped: a late re-sent assignment of one is not run
+        self.cancelled: set[str] = set()  # jobs dropped: whatever of one comes later is let go in _admit
         self.generation = 0  # bumped when a lost lease makes us drop everything
         # Line-buffered: a benchmark reads it while the node runs.
         self.step_log = open(config.step_log, "a", buffering=1) if config.step_log else None
@@ -182,8 +182,6 @@ class WorkerNode(Node):
         for s in msg["sequences"]:
             if not isinstance(s, dict) or "seq_id" not in s:
                 raise ProtocolError(ProtocolError.INVALID_FIELD, f"assigned sequence without seq_id: {str(s)[:60]}")
-        if msg["job_id"] in self.cancelled:
-            return encode("AssignAck", {"job_id": msg["job_id"], "accepted": 0, "refused": []}, reply_to=msg.id)
         seqs = self.held.take(msg["job_id"], msg["sequences"])  # a re-sent assignment runs once
         self.counters["sequences.duplicate"] += len(msg["sequences"]) - len(seqs)
         self._take_job(msg)
@@ -249,9 +247,6 @@ class WorkerNode(Node):
         if state.get("fingerprint") != self.engine.fingerprint:
             raise ProtocolError(ProtocolError.INVALID_FIELD, f"sequence {seq['seq_id']!r}: state is from model "
                                 f"{state.get('fingerprint')!r}, this worker runs {self.engine.fingerprint!r}")
-        if msg["job_id"] in self.cancelled:  # acknowledged, so the source lets it go too
-            self.mover.discard(msg["transfer_id"])
-            return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
         if self.held.holds(msg["job_id"], seq["seq_id"]):  # a re-sent import is taken once
             return encode("ImportAck", {"job_id": msg["job_id"], "seq_id": seq["seq_id"]}, reply_to=msg.id)
         kv = self.mover.assemble(msg["transfer_id"], msg["chunks"])
@@ -299,8 +294,9 @@ class WorkerNode(Node):
 
     def _admit(self, cmd: Admit) -> None:
         job_id, program, args, kvs = cmd.job_id, cmd.program, cmd.args, cmd.kv
-        if job_id in self.cancelled:  # queued before the drop, or back from a failed move
+        if job_id in self.cancelled:  # queued before the drop, re-sent, imported, or back from a failed move
             self.held.release(job_id, [s["seq_id"] for s in cmd.sequences])
+            self.counters["sequences.dropped"] += len(cmd.sequences)
             return
         for s in cmd.sequences:
             item = s.get("item")
