@@ -45,9 +45,11 @@ class Job:
             offset += len(batch["records"])
             if batch["final"]:
                 return
-            if not batch["records"]:
-                if end is not None and time.monotonic() > end:
-                    raise TimeoutError(f"job {self.id}: {offset} results after {timeout}s")
+            if not batch["records"] and end is not None and time.monotonic() > end:
+                raise TimeoutError(f"job {self.id}: {offset} results after {timeout}s")
+            if offset >= batch["available"]:
+                # Caught up. Wait even if records came: asking again at once would wake the
+                # router, scheduler and storage for every result as they trickle in.
                 time.sleep(poll)
 
     def wait(self, timeout: float | None = None) -> list[dict]:
