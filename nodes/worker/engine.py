@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -105,6 +106,9 @@ class LLMEngine:
         elif config.attention != "sdpa":
             raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
         self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=config.sdpa_prefill_work)
+        self.model.pad_rows = config.pad_rows if config.pad_rows is not None else self._rows_pad_free()
+        if self.model.pad_rows and kernel is not None:
+            log.info("[matmul] step rows rounded up to a few sizes (oneDNN compiles each size once; free on AMX)")
         if self.runner.sdpa_prefill_work:
             log.info("[attention] prefill chunks of %d+ rows x context through SDPA, the rest in the native kernel",
                      self.runner.sdpa_prefill_work)
@@ -170,7 +174,7 @@ class LLMEngine:
                 "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason,
                 "budget": self.config.max_num_batched_tokens, "budget_reason": self.budget_reason,
                 "threads": self.threads,
-                "attention": "native" if self.runner.kernel is not None else "sdpa",
+                "attention": "native" if self.runner.kernel is not None else "sdpa", "pad_rows": self.model.pad_rows,
                 "packed_linears": self.packed_linears,
                 "weight_streaming": {**self.streamer.summary(), "sizing": self.fetch_sizing} if self.streamer else None}
 
@@ -241,6 +245,15 @@ class LLMEngine:
         self._forget_host_kv(seq)
         seq.block_table = []
         seq.status = SeqStatus.FINISHED
+
+    def _rows_pad_free(self) -> bool:
+        """Whether padding a step's rows costs nothing here (`models/row_buckets.py`):
+        packed bf16 linears on a CPU whose oneDNN multiplies them in AMX tiles."""
+        from shoal.nodes.worker.dtype_choice import cpu_flags
+
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # a cap below AMX leaves its kernels out
+        return (self.packed_linears > 0 and self.config.dtype == "bfloat16" and "amx_bf16" in cpu_flags()
+                and (cap in ("ALL", "DEFAULT") or "AMX" in cap))
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting)

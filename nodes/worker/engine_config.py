@@ -56,6 +56,10 @@ class EngineConfig:
     # Reorder every projection's weight once into oneDNN's blocked layout (CPU fp32/bf16;
     # `models/packed_linear.py`). False: plain nn.Linear, for A/B measurement.
     packed_linears: bool = True
+    # Native forward: compute each step's tokens at one of a few row counts, padding the
+    # rest (`models/row_buckets.py`): oneDNN then compiles a kernel per size, not per
+    # step. None: where it is free (packed bf16 linears on a CPU with AMX).
+    pad_rows: bool | None = None
     # Bytes of weights the device may hold (0: all of them). Less streams the layers that
     # do not fit from host memory (`weight_streamer.py`).
     device_memory: int = 0

@@ -62,10 +62,14 @@ def check_against_hf(model_dir, engine, prompts, max_tokens, greedy_refs=2):
 MIXED = [1, 2, 7, 16, 17, 33, 64, 100, 255, 300]
 
 
-@pytest.mark.parametrize("chunked, attention", [(True, "native"), (False, "native"), (True, "sdpa")])
-def test_tiny_matches_transformers(tiny_model, chunked, attention):
+@pytest.mark.parametrize("chunked, attention, pad_rows", [(True, "native", False), (False, "native", False),
+                                                       (True, "sdpa", False), (True, "native", True),
+                                                       (False, "native", True)])
+def test_tiny_matches_transformers(tiny_model, chunked, attention, pad_rows):
+    """`pad_rows`: every step computed at a padded row count (`models/row_buckets.py`;
+    the default only where that is free, on AMX), which must not change a logit."""
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
-                                             chunked_prefill=chunked, attention=attention))
+                                             chunked_prefill=chunked, attention=attention, pad_rows=pad_rows))
     if attention == "native":
         assert eng.runner.kernel is not None, "the native kernel did not build"
     assert eng.packed_linears > 0, "the projections were not packed for oneDNN"

@@ -22,6 +22,7 @@ from shoal.nodes.worker.attention import AttentionMetadata, paged_attention, pre
 from shoal.nodes.worker.models.config import DecoderConfig
 from shoal.nodes.worker.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rope
 from shoal.nodes.worker.models.moe import MoeBlock
+from shoal.nodes.worker.models.row_buckets import padded_rows
 from shoal.nodes.worker.step_buffers import chunk_rows
 
 
@@ -31,6 +32,11 @@ def traced(name: str):
     if getattr(torch.autograd.profiler, "_is_profiler_enabled", True):
         return torch.profiler.record_function(name)
     return nullcontext()
+
+
+def pad_to(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """`rows` (1-d) followed by zeros up to `n` entries (a padding row reads token 0 / row 0)."""
+    return rows if rows.shape[0] >= n else torch.cat([rows, rows.new_zeros(n - rows.shape[0])])
 
 
 class Attention(nn.Module):
@@ -61,22 +67,28 @@ class Attention(nn.Module):
         return self.o(o.reshape(T, cfg.q_size))
 
     def forward_native(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
+        """`x` may hold padding rows after the step's tokens (`DecoderLM.pad_rows`): they
+        write no cache and attend to nothing; their output is zero."""
         cfg, ops = self.cfg, meta.kernel
+        T = positions.shape[0]
         qkv = self.qkv(x)
         none = qkv.new_empty(0)
         with traced("shoal::qkv_rope_cache"):
-            q = ops.qkv_rope_cache(qkv, self.q_norm.weight if cfg.qk_norm else none,
+            q = ops.qkv_rope_cache(qkv[:T], self.q_norm.weight if cfg.qk_norm else none,
                                    self.k_norm.weight if cfg.qk_norm else none, rope.cos, rope.sin, positions,
                                    meta.slot_mapping, kv_cache[0], kv_cache[1], cfg.num_heads, cfg.num_kv_heads,
                                    cfg.rms_norm_eps)
-        out = q.new_empty(q.shape, dtype=x.dtype)  # in the model's dtype: what the o projection takes
+        # In the model's dtype: what the o projection takes.
+        padded = x.new_empty((x.shape[0], cfg.num_heads, cfg.head_dim))
+        padded[T:].zero_()
+        out = padded[:T]
         if meta.span_rows is not None:
             with traced("shoal::paged_attention"):
                 ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
                                     meta.span_ctx, meta.block_size, self.scale, out)
         if meta.prefills:  # large fp32 chunks on AVX2 (model_runner.py); profiled as aten's SDPA ops
             prefill_sdpa(q, kv_cache, meta.prefills, self.scale, out)
-        return self.o(out.view(x.shape[0], cfg.q_size))
+        return self.o(padded.view(x.shape[0], cfg.q_size))
 
 
 class DecoderLayer(nn.Module):
@@ -135,6 +147,9 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.streamer = None  # `weight_streamer.py`, when the device cannot hold every layer
+        # Native forward: compute each step at a row count of `row_buckets.py` (padding
+        # rows after the tokens), so that oneDNN compiles its kernels for a few sizes.
+        self.pad_rows = False
 
     @torch.inference_mode()
     def forward(
@@ -149,21 +164,28 @@ class DecoderLM(nn.Module):
         that sample), since the vocabulary projection is costly. They stay in the
         model's dtype: the greedy pick reads bf16 as it is, and the sampler widens
         only the rows it samples."""
-        x = self.embed(input_ids)
         if meta.kernel is not None:
+            sampled = logit_rows.shape[0]
+            if self.pad_rows:
+                input_ids = pad_to(input_ids, padded_rows(input_ids.shape[0]))
+                logit_rows = pad_to(logit_rows, padded_rows(sampled))
+            x = self.embed(input_ids)
             residual = x.new_empty(0)
             for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
                 if self.streamer is not None:
                     self.streamer.before_layer(i, x.shape[0])
                 x, residual = layer.forward_native(x, residual, positions, self.rope, cache, meta)
             x = meta.kernel.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
-        else:
-            cos, sin = self.rope.tables(positions, x.dtype)
-            for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-                if self.streamer is not None:
-                    self.streamer.before_layer(i, x.shape[0])
-                x = layer(x, cos, sin, cache, meta)
-            x = self.norm(x[logit_rows])
+            if self.streamer is not None:
+                self.streamer.after_step(positions.shape[0])
+            return self.lm_head(x)[:sampled]
+        x = self.embed(input_ids)
+        cos, sin = self.rope.tables(positions, x.dtype)
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
+            if self.streamer is not None:
+                self.streamer.before_layer(i, x.shape[0])
+            x = layer(x, cos, sin, cache, meta)
+        x = self.norm(x[logit_rows])
         if self.streamer is not None:
             self.streamer.after_step(input_ids.shape[0])
         return self.lm_head(x)
