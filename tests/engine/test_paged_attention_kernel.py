@@ -237,8 +237,10 @@ def test_fp32_over_bf16_cache_sdpa_chunks_match_the_kernel(small_shaped_model):
     SDPA on the native path (as an AVX2 build sends W3's long prompts) against the
     kernel's tiles for every chunk. Both read the keys and values the same fused op wrote;
     the first layer's outputs differ by fp32 rounding, which now and then moves one of
-    the second layer's keys by a bf16 ulp (measured: 1.9e-3 at logits of ~13; a wrong
-    mask or span moves them by ~1)."""
+    the second layer's keys by a bf16 ulp (measured: 1.9e-3 at logits of ~13 with the
+    fp32 loops; a wrong mask or span moves them by ~1). Where the kernel takes bf16 dot
+    products it rounds the fp32 queries to bf16 and SDPA does not: 0.071-0.073 on a Xeon
+    with AMX, by its AMX and by its AVX512_BF16 tiles alike."""
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
@@ -253,7 +255,8 @@ def test_fp32_over_bf16_cache_sdpa_chunks_match_the_kernel(small_shaped_model):
         eng.on_logits = lambda ids, lg: [steps.setdefault(s, []).append(row.clone()) for s, row in zip(ids, lg)]
         eng.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
         logits[work] = torch.cat([torch.stack(steps[i]) for i in range(len(prompts))])
-    assert (logits[0] - logits[1]).abs().max().item() < 2e-2  # also where bf16 dots round the queries
+    bound = 1.5e-1 if eng.runner.kernel.bf16_dots_available(64) else 2e-2
+    assert (logits[0] - logits[1]).abs().max().item() < bound
 
 
 def test_unwritten_cache_slots_are_never_read(tiny_model):

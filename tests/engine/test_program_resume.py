@@ -74,6 +74,9 @@ def test_resumed_from_checkpoints_equals_an_uninterrupted_run(engine, steps):
 
 
 def test_a_program_that_is_not_deterministic_fails_at_resume(engine):
+    # Seeded apart from the resumed run's draws: left to whatever state the tests before
+    # left, a draw matched its replay now and then and that sequence resumed cleanly.
+    random.seed(1)
     states = interrupted(engine, "test.dice", steps=8, checkpoint_tokens=1)
     after_first = {k: s for k, s in states.items() if s["journal"]}
     assert after_first, "no checkpoint after the first operation"
