@@ -80,8 +80,10 @@ class Attention(nn.Module):
                                    cfg.rms_norm_eps)
         # In the model's dtype: what the o projection takes.
         padded = x.new_empty((x.shape[0], cfg.num_heads, cfg.head_dim))
-        padded[T:].zero_()
-        out = padded[:T]
+        out = padded
+        if T < x.shape[0]:
+            padded[T:].zero_()
+            out = padded[:T]
         if meta.span_rows is not None:
             with traced("shoal::paged_attention"):
                 ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
