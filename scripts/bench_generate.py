@@ -121,7 +121,8 @@ def run_shoal(args, work) -> dict:
               "breakdown": {"plan": s.time_plan, "model": s.time_model, "sample": s.time_sample},
               "preemptions": s.preemptions, "budget": eng.config.max_num_batched_tokens,
               "budget_reason": eng.budget_reason, "policy_fallback": eng.policy_fallback,
-              "attention": "native" if eng.runner.kernel is not None else "sdpa", "packed_linears": eng.packed_linears}
+              "attention": "native" if eng.runner.kernel is not None else "sdpa", "packed_linears": eng.packed_linears,
+              "pad_rows": eng.model.pad_rows}
     if args.no_profile:
         return result
     # A step's anatomy, profiled apart from the timed run: the same work again, with
@@ -262,7 +263,7 @@ def run_system(args, name: str, work, model_params: int, ceiling: float, floor: 
         print(f"{'':>12}  steps {r['steps']}; plan {b['plan']:.1f} s, model {b['model']:.1f} s, "
               f"sample {b['sample']:.1f} s, other {other:.1f} s; preemptions {r['preemptions']}")
         print(f"{'':>12}  budget {r['budget']} tokens/step ({r['budget_reason']}); attention {r['attention']}; "
-              f"{r['packed_linears']} packed linears"
+              f"{r['packed_linears']} packed linears" + ("; rows padded to a few sizes" if r.get("pad_rows") else "")
               + (f"; policy fell back to MB: {r['policy_fallback']}" if r["policy_fallback"] else ""))
         if "step_profile" in r:
             from step_profile import format_breakdown
