@@ -172,6 +172,7 @@ def cmd_nodes(args) -> int:
                         else "") +
                      f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')},"
                      f" dtype {e.get('dtype')}, budget {e.get('budget')} tokens/step"
+                     + (" (rows padded)" if e.get("pad_rows") else "")
                      + (" DRAINING" if st.get("draining") else ""))
         if "jobs" in st:
             extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"

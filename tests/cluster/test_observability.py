@@ -22,6 +22,7 @@ def test_nodes_listing_and_metrics(tiny_model, tmp_path):
         assert {ln.split()[0] for ln in lines} == {"router", "scheduler", "storage", "worker"}
         worker = next(ln for ln in lines if ln.startswith("worker"))
         assert "generated 15 tokens" in worker and "kv " in worker
+        assert "dtype float32" in worker and "rows padded" not in worker  # padded: bf16 on AMX only
         assert "leader True" in next(ln for ln in lines if ln.startswith("scheduler"))
         # A storage node with a metrics port, scraped over HTTP.
         port = free_port()
