@@ -187,7 +187,7 @@ class Node:
                 self.counters["lease_lost"] += 1
                 time.sleep(0.1)  # past our own lease deadline: take no work
                 continue
-            batch = self.poll_once(100)
+            batch = self.poll_once(self.poll_timeout_ms())
             if batch:
                 self.handle_batch(batch)
             try:
@@ -200,6 +200,10 @@ class Node:
 
     def tick(self) -> None:
         """Called every loop turn (at least every 100 ms): periodic work of a role."""
+
+    def poll_timeout_ms(self) -> int:
+        """How long the loop waits for a request before its next turn."""
+        return 100
 
     def stop(self) -> None:
         self._stop.set()

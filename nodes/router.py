@@ -22,6 +22,7 @@ from shoal.nodes.leader import LeaderView
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.data_roots import DataRoots
 from shoal.nodes.membership import MemberView
+from shoal.nodes.parked_reads import MAX_WAIT_S
 from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
 from shoal.nodes.node import add_data_root_arg, data_roots_of, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.protocol.codec import Message, encode
@@ -184,9 +185,15 @@ class RouterNode(AsyncNode):
     async def on_subscribe(self, msg: Message):
         # Status first: if the job is done then, every result was stored before this read.
         status = await self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": msg["job_id"]}))
-        fields = dict((await self._forward(self._storage(), msg)).fields)
+        over = status["state"] in ("done", "cancelled")
+        # A read that may wait on storage (`wait_ms`) is given that long beyond the usual
+        # timeout; a finished job's read has nothing to wait for.
+        wait_s = 0.0 if over else min(max(msg["wait_ms"], 0) / 1000, MAX_WAIT_S)
+        read = Message("Subscribe", {**msg.fields, "wait_ms": int(wait_s * 1000)})
+        fields = dict((await self._forward(self._storage(), read, timeout=DEFAULT_TIMEOUT_S + wait_s)).fields)
         # Done means every item's result is stored: reading to the end of the log is all of them.
-        fields["final"] = status["state"] in ("done", "cancelled") and msg["offset"] + len(fields["records"]) >= fields["available"]
+        # Storage says so itself once it holds every item's result (a cancelled job it cannot know).
+        fields["final"] = fields["final"] or (over and msg["offset"] + len(fields["records"]) >= fields["available"])
         return encode("ResultBatch", fields, reply_to=msg.id)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -25,6 +26,7 @@ from shoal.nodes.index_service import IndexService
 from shoal.nodes.search_server import SearchServer
 from shoal.nodes.input_store import InputStore, check_name
 from shoal.nodes.job_log import JobLog, StaleEpoch
+from shoal.nodes.parked_reads import MAX_WAIT_S, ParkedRead, ParkedReads
 from shoal.nodes.node import Node, add_data_root_arg, data_roots_of, lasting_node_id, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.nodes.result_compaction import compact
 from shoal.nodes.result_log import ResultLog
@@ -69,6 +71,7 @@ class StorageNode(Node):
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
         self.embedding = EmbeddingJobs(self.dir, data_roots=self.data_roots)
+        self.parked = ParkedReads()  # Subscribes waiting for their job (`wait_ms`)
         self.indexes = IndexService(self.dir, None, data_roots=self.data_roots)
         super().__init__(node_id, info={"indexes": self.indexes.published()}, **kw)
         self.embedding.counters = self.indexes.counters = self.counters
@@ -205,17 +208,40 @@ class StorageNode(Node):
         return encode("WriteAck", {"job_id": msg["job_id"], "written": written, "duplicates": dup}, reply_to=msg.id)
 
     def on_subscribe(self, msg: Message):
-        if msg["offset"] < 0:
-            raise ProtocolError(ProtocolError.INVALID_FIELD, "offset must be >= 0")
+        if msg["offset"] < 0 or msg["wait_ms"] < 0:
+            raise ProtocolError(ProtocolError.INVALID_FIELD, "offset and wait_ms must be >= 0")
         rl = self._log(msg["job_id"], create=False)
+        if msg["wait_ms"] and not self._read_ready(msg, rl) and not self.parked.full():
+            return ParkedRead(msg, time.monotonic() + min(msg["wait_ms"] / 1000, MAX_WAIT_S))
+        return self._result_batch(msg, rl)
+
+    def _complete(self, job_id: str, rl) -> bool:
+        """Every item of the job has its result here."""
+        total = self.inputs.total(job_id)
+        return total is not None and len(rl) >= total
+
+    def _read_ready(self, msg: Message, rl) -> bool:
+        """A waiting read is answered early when the job is complete or a full batch is there."""
+        return len(rl) - msg["offset"] >= READ_LIMIT or self._complete(msg["job_id"], rl)
+
+    def _result_batch(self, msg: Message, rl) -> list:
         records = rl.read(msg["offset"], READ_LIMIT, BATCH_BYTES)  # the header's cap, not a count, bounds it
+        final = msg["offset"] + len(records) >= len(rl) and self._complete(msg["job_id"], rl)
         return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
-                                      "final": False, "available": len(rl)}, reply_to=msg.id)
+                                      "final": final, "available": len(rl)}, reply_to=msg.id)
 
     def handle_batch(self, batch) -> None:
         """Group commit: every WriteResults that arrived together shares one fsync per
-        job log, and their acks go out only after it."""
-        replies = [(identity, self.dispatch(frames)) for identity, frames in batch]
+        job log, and their acks go out only after it. Reads waiting on a job that now
+        has its answer are answered after the commit too."""
+        replies = []
+        for identity, frames in batch:
+            reply = self.dispatch(frames)
+            if isinstance(reply, ParkedRead):
+                reply.identity = identity
+                self.parked.park(reply.msg["job_id"], reply)
+                continue
+            replies.append((identity, reply))
         for rl in self.logs.values():
             rl.commit()
         for store in self.checkpoints.values():
@@ -223,7 +249,27 @@ class StorageNode(Node):
         for identity, reply in replies:
             if reply is not None:
                 self.send(identity, reply)
+        for job_id in self.parked.jobs():
+            rl = self._log(job_id, create=False)
+            self._answer(self.parked.take(job_id, lambda r: self._read_ready(r.msg, rl)))
         self._compact_finished()
+
+    def tick(self) -> None:
+        self._answer(r for _, r in self.parked.take_due(time.monotonic()))
+
+    def poll_timeout_ms(self) -> int:
+        deadline = self.parked.next_deadline()
+        if deadline is None:
+            return super().poll_timeout_ms()
+        return max(0, min(super().poll_timeout_ms(), int(1000 * (deadline - time.monotonic())) + 1))
+
+    def _answer(self, reads) -> None:
+        for r in reads:
+            try:
+                reply = self._result_batch(r.msg, self._log(r.msg["job_id"], create=False))
+            except Exception as e:  # a read that fails now gets its Error, like any other request
+                reply = self.failed(r.msg, e)
+            self.send(r.identity, reply)
 
     def _compact_finished(self) -> None:
         """Every job whose log holds a result for each input item gets its shards, once,

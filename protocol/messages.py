@@ -43,9 +43,14 @@ JOB_STATUS_QUERY = _declare(M("JobStatusQuery", "Ask for a job's status.", (F("j
 JOB_STATUS = _declare(M("JobStatus", "A job's state and counts.", (
     F("job_id", "str"), F("state", "str"), F("total", "int", 0), F("done", "int", 0), F("failed", "int", 0),
     F("tokens_per_s", "float", 0.0), F("detail", "dict", dict))))
-SUBSCRIBE = _declare(M("Subscribe", "Stream a job's results from an offset (resumable).", (
-    F("job_id", "str"), F("offset", "int", 0))))
-RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `offset` in its result log.", (
+SUBSCRIBE = _declare(M("Subscribe", "Stream a job's results from an offset (resumable). With `wait_ms` (1.8) "
+                       "storage holds the answer up to that long (at most 10 s) unless every item's result is "
+                       "stored or a full batch is ready: a client that has read all there is asks once per "
+                       "wait and learns at once that the job is complete.", (
+    F("job_id", "str"), F("offset", "int", 0), F("wait_ms", "int", 0))))
+RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `offset` in its result log; "
+                          "`final`: the job is over and these are its last records; `available`: how many are "
+                          "stored.", (
     F("job_id", "str"), F("offset", "int"), F("records", "list"), F("final", "bool", False),
     F("available", "int", 0))))
 CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (F("job_id", "str"),)))

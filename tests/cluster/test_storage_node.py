@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import orjson
 import pytest
@@ -118,6 +119,53 @@ def test_bad_messages_get_errors_while_a_job_writes(storage):
     assert proc.poll() is None and len(written) > 0
     got = c.request("Subscribe", {"job_id": "live", "offset": 0})["records"]
     assert [r["id"] for r in got] == written[: len(got)] and len(got) == len(written)
+
+
+def test_a_waiting_read_is_answered_when_the_job_completes_or_its_wait_ends(tmp_path):
+    proc, address = start_storage(tmp_path / "st")
+    try:
+        c = RpcClient(address)
+        items = [{"id": n, "prompt": "p"} for n in range(3)]
+        assert c.request("IngestInput", {"job_id": "jw", "items": items})["total"] == 3
+        # Nothing stored: held for its whole wait, then answered with nothing.
+        t = time.monotonic()
+        batch = c.request("Subscribe", {"job_id": "jw", "offset": 0, "wait_ms": 300})
+        assert batch["records"] == [] and not batch["final"] and time.monotonic() - t >= 0.29
+        # Some stored, not all: still held for the wait (results go out once per wait,
+        # not once per commit), then answered with what is there.
+        c.request("WriteResults", {"job_id": "jw", "records": [{"id": 0}]})
+        t = time.monotonic()
+        batch = c.request("Subscribe", {"job_id": "jw", "offset": 0, "wait_ms": 300})
+        assert [r["id"] for r in batch["records"]] == [0] and batch["available"] == 1 and not batch["final"]
+        assert time.monotonic() - t >= 0.29
+        # A read that may wait 8 s is answered as soon as the last results are stored.
+        got = {}
+
+        def read():
+            t0 = time.monotonic()
+            got["batch"] = RpcClient(address).request("Subscribe", {"job_id": "jw", "offset": 1, "wait_ms": 8000},
+                                                      timeout=20)
+            got["s"] = time.monotonic() - t0
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.5)
+        c.request("WriteResults", {"job_id": "jw", "records": [{"id": 1}, {"id": 2}]})
+        reader.join(15)
+        assert [r["id"] for r in got["batch"]["records"]] == [1, 2] and got["batch"]["final"]
+        assert got["s"] < 4
+        # Complete: answered at once, and final.
+        t = time.monotonic()
+        batch = c.request("Subscribe", {"job_id": "jw", "offset": 0, "wait_ms": 8000})
+        assert [r["id"] for r in batch["records"]] == [0, 1, 2] and batch["final"]
+        assert c.request("Subscribe", {"job_id": "jw", "offset": 3, "wait_ms": 8000})["final"]
+        assert time.monotonic() - t < 4
+        with pytest.raises(RemoteError, match="wait_ms"):
+            c.request("Subscribe", {"job_id": "jw", "offset": 0, "wait_ms": -1})
+        assert c.request("Ping", {"sent_at": 1.0})["sent_at"] == 1.0
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_chunked_input_paged_reads_and_compacted_shards(tmp_path):

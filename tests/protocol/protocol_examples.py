@@ -11,7 +11,7 @@ EXAMPLES = {
     "JobAccepted": ({"job_id": "j-1", "job_key": "k-1", "total": 2, "duplicate": False}, {}),
     "JobStatusQuery": ({"job_id": "j-1"}, {}),
     "JobStatus": ({"job_id": "j-1", "state": "running", "total": 2, "done": 1, "failed": 0, "tokens_per_s": 10.0}, {}),
-    "Subscribe": ({"job_id": "j-1", "offset": 0}, {}),
+    "Subscribe": ({"job_id": "j-1", "offset": 0, "wait_ms": 200}, {}),
     "ResultBatch": ({"job_id": "j-1", "offset": 0, "records": [{"id": 1, "text": "x", "token_ids": [5]}], "final": True,
                      "available": 1}, {}),
     "CancelJob": ({"job_id": "j-1"}, {}),
