@@ -11,7 +11,10 @@ of the per-round ratios is the result; the cold first runs are printed too.
 Beside wall time each round prints the CPU seconds each side burned: the in-process
 engine's process, and the worker's. Equal CPU seconds with unequal wall time mean the
 worker waited (on messages, or on cores the other nodes held); more CPU seconds mean
-it did more work for the same tokens.
+it did more work for the same tokens. Each side's compute threads also say how long they
+were runnable but waiting for a CPU (`/proc/PID/task/*/schedstat`): an engine alone waits
+almost none; the worker waits about as long as the other processes (and its own other
+threads) ran, since its threads fill every core.
 
 The cost of acknowledged delivery and the durable logs (result WAL with group commit,
 job log, input pages, progress reports) is inside that ratio. It is also reported on
@@ -45,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_stats import node_cpu_seconds  # noqa: E402
+from cluster_stats import compute_threads_schedstat, node_cpu_seconds, schedstat_delta  # noqa: E402
 from paused_windows import running_over_paused  # noqa: E402
 from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
@@ -72,9 +75,11 @@ def main() -> None:
     def in_process(seed: int) -> tuple[float, float]:
         """Wall and CPU seconds of the in-process engine on fresh tokens."""
         prompts = work.with_fresh_tokens(seed).prompts
-        t, c = time.perf_counter(), time.process_time()
+        t, c, s = time.perf_counter(), time.process_time(), compute_threads_schedstat("self", eng.threads)
         eng.generate(prompts, sampling)
-        return time.perf_counter() - t, time.process_time() - c
+        wall = time.perf_counter() - t
+        print_waits("in-process", schedstat_delta(s, compute_threads_schedstat("self", eng.threads)), wall)
+        return wall, time.process_time() - c
 
     shares, router_shares, idle = [], [], {}
 
@@ -82,10 +87,13 @@ def main() -> None:
         """Wall seconds of the job and the worker's CPU seconds, on fresh tokens."""
         items = job_items(work.with_fresh_tokens(seed))
         before = node_cpu_seconds(cluster)
+        worker_pid = cluster.nodes["worker-0"][0].pid
+        sched = compute_threads_schedstat(worker_pid, eng.threads)
         t = time.perf_counter()
         results = client.submit(items, params=params, job_key=key).wait()
         assert len(results) == len(items)
         wall = time.perf_counter() - t
+        print_waits("the worker", schedstat_delta(sched, compute_threads_schedstat(worker_pid, eng.threads)), wall)
         spent = {k: v - before[k] for k, v in node_cpu_seconds(cluster).items()}
         used = {k: v - idle.get(k, 0.0) * wall for k, v in spent.items()}
         shares.append((used["storage"] + used["scheduler"]) / used["worker"])
@@ -126,6 +134,14 @@ def main() -> None:
     print(f"storage + scheduler CPU beyond idle: {100 * statistics.median(shares):.2f}% of the worker's (median of "
           f"{len(shares)} jobs; a bound on what acknowledgements and the durable logs take); router (client "
           f"polling): {100 * statistics.median(router_shares):.2f}%")
+
+
+def print_waits(who: str, delta: tuple[float, float, int], wall: float) -> None:
+    """What the compute threads' run-queue waits say: the other threads' and processes'
+    CPU on the engine's cores (each wait also stalls the partner thread at its next barrier)."""
+    on_cpu, waiting, slices = delta
+    print(f"  {who}'s compute threads: {on_cpu:.1f} s on a CPU, {waiting:.2f} s waiting for one "
+          f"(runnable, preempted), scheduled in {slices / wall:.0f} times a second", flush=True)
 
 
 def paused_job(client, cluster, step_log: Path, work, every: float) -> None:
