@@ -31,6 +31,8 @@ from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError
 
 log = logging.getLogger(__name__)
 
+DONE_POLL_S = 0.02  # how often a read that found every result stored asks whether the job is done
+
 
 class RouterNode(AsyncNode):
     role = "router"
@@ -191,10 +193,24 @@ class RouterNode(AsyncNode):
         wait_s = 0.0 if over else min(max(msg["wait_ms"], 0) / 1000, MAX_WAIT_S)
         read = Message("Subscribe", {**msg.fields, "wait_ms": int(wait_s * 1000)})
         fields = dict((await self._forward(self._storage(), read, timeout=DEFAULT_TIMEOUT_S + wait_s)).fields)
+        if fields["final"] and not over:
+            # Storage holds every item's result and this read reached the end; the
+            # scheduler marks the job done a moment later (its workers' progress reports,
+            # then its own count). Final still means done, so that a client that has read
+            # everything finds the job done: wait for that, for at most the read's wait.
+            over = await self._done_within(msg["job_id"], wait_s)
         # Done means every item's result is stored: reading to the end of the log is all of them.
-        # Storage says so itself once it holds every item's result (a cancelled job it cannot know).
-        fields["final"] = fields["final"] or (over and msg["offset"] + len(fields["records"]) >= fields["available"])
+        fields["final"] = over and msg["offset"] + len(fields["records"]) >= fields["available"]
         return encode("ResultBatch", fields, reply_to=msg.id)
+
+    async def _done_within(self, job_id: str, seconds: float) -> bool:
+        end = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < end:
+            await asyncio.sleep(DONE_POLL_S)
+            status = await self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": job_id}))
+            if status["state"] in ("done", "cancelled"):
+                return True
+        return False
 
     def close(self) -> None:
         if self.status_page is not None:
