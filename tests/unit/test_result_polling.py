@@ -97,3 +97,17 @@ def test_a_client_behind_the_log_reads_on_without_waiting(clock):
     assert results.calls == 3 and clock.slept == []
     # Only the first read (before it knew) asked to wait; storage answered it at once (complete).
     assert results.waits == [200, 0, 0]
+
+
+def test_wait_lets_each_read_wait_longer_and_still_sees_the_end_at_once(clock):
+    # Nothing reads wait()'s results before the end: its reads each wait WAIT_POLL_S, a
+    # tenth as many wake-ups of the nodes as results() at its 0.2 s pace.
+    results = StoredResults(total=6, stored=lambda call: 2 * call, clock=clock, holds=True)
+    records = Job(results, "j-1").wait()
+    assert [r["id"] for r in records] == list(range(6))
+    assert client_module.WAIT_POLL_S >= 1.0
+    assert results.waits == [int(1000 * client_module.WAIT_POLL_S)] * 4
+    assert clock.slept == []
+    # Three reads held for their whole wait; the fourth found the job complete and was
+    # answered at once.
+    assert clock.now == pytest.approx(3 * client_module.WAIT_POLL_S)
