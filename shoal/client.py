@@ -54,7 +54,11 @@ class Job:
         asks storage to hold its next read up to `poll` seconds (answered at once when
         the job completes), so it learns of the end without polling for it."""
         end = None if timeout is None else time.monotonic() + timeout
-        wait = poll
+
+        def caught_up_wait() -> float:  # no longer than the timeout has left
+            return poll if end is None else max(0.0, min(poll, end - time.monotonic()))
+
+        wait = caught_up_wait()
         while True:
             asked = time.monotonic()
             batch = self.client._request("Subscribe", {"job_id": self.id, "offset": offset,
@@ -64,9 +68,9 @@ class Job:
             offset += len(batch["records"])
             if batch["final"]:
                 return
-            if not batch["records"] and end is not None and time.monotonic() > end:
+            if not batch["records"] and end is not None and time.monotonic() >= end:
                 raise TimeoutError(f"job {self.id}: {offset} results after {timeout}s")
-            wait = poll if offset >= batch["available"] else 0.0  # behind the log: read on at once
+            wait = caught_up_wait() if offset >= batch["available"] else 0.0  # behind the log: read on at once
             # Caught up, yet answered before the wait was over (storage older than protocol
             # 1.8 does not wait): pause for the rest of it. Asking again at once would wake
             # the router, scheduler and storage for every result as they trickle in.

@@ -111,3 +111,13 @@ def test_wait_lets_each_read_wait_longer_and_still_sees_the_end_at_once(clock):
     # Three reads held for their whole wait; the fourth found the job complete and was
     # answered at once.
     assert clock.now == pytest.approx(3 * client_module.WAIT_POLL_S)
+
+
+def test_a_read_waits_no_longer_than_the_timeout_has_left(clock):
+    # Nothing is ever stored: wait(timeout=3) with reads of up to 2 s each gives up at
+    # 3 s, not at the next whole wait.
+    results = StoredResults(total=6, stored=lambda call: 0, clock=clock, holds=True)
+    with pytest.raises(TimeoutError):
+        Job(results, "j-1").wait(timeout=3.0)
+    assert results.waits[:2] == [2000, 1000]
+    assert clock.now == pytest.approx(3.0)
