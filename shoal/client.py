@@ -81,7 +81,7 @@ class Job:
     def wait(self, timeout: float | None = None) -> list[dict]:
         """Every result, once the job is done. Nothing reads the results before the end,
         so each read may wait WAIT_POLL_S on storage (answered at once when the job
-        completes or a full batch is stored): a tenth of the reads `results()` makes."""
+        completes or a full batch is stored): half the reads `results()` makes."""
         return list(self.results(poll=WAIT_POLL_S, timeout=timeout))
 
     def cancel(self) -> dict:
