@@ -277,8 +277,7 @@ class StorageNode(Node):
         for job_id, rl in self.logs.items():
             if job_id in self.compacted:
                 continue
-            total = self.inputs.total(job_id)
-            if total is not None and len(rl) >= total:
+            if self._complete(job_id, rl):
                 self.compacted.add(job_id)
                 store = self.checkpoints.pop(job_id, None)
                 if store is not None:  # every sequence has its result: no restart can need them

@@ -60,10 +60,10 @@ class Job:
 
         wait = caught_up_wait()
         while True:
-            asked = time.monotonic()
+            asked, sent = time.monotonic(), wait
             batch = self.client._request("Subscribe", {"job_id": self.id, "offset": offset,
-                                                       "wait_ms": int(1000 * wait)},
-                                         reply_timeout=self.client.reply_timeout + wait)
+                                                       "wait_ms": int(1000 * sent)},
+                                         reply_timeout=self.client.reply_timeout + sent)
             yield from batch["records"]
             offset += len(batch["records"])
             if batch["final"]:
@@ -71,10 +71,12 @@ class Job:
             if not batch["records"] and end is not None and time.monotonic() >= end:
                 raise TimeoutError(f"job {self.id}: {offset} results after {timeout}s")
             wait = caught_up_wait() if offset >= batch["available"] else 0.0  # behind the log: read on at once
-            # Caught up, yet answered before the wait was over (storage older than protocol
-            # 1.8 does not wait): pause for the rest of it. Asking again at once would wake
-            # the router, scheduler and storage for every result as they trickle in.
-            left = wait - (time.monotonic() - asked)
+            # Caught up, yet answered before the wait this read asked for was over (storage
+            # older than protocol 1.8 does not wait): pause for the rest of it. Asking again
+            # at once would wake the router, scheduler and storage for every result as they
+            # trickle in. A read that asked for no wait (behind the log) is no reason to pause:
+            # the next one waits on storage, which answers the moment the job completes.
+            left = min(wait, sent) - (time.monotonic() - asked)
             if wait and left > 0.001:
                 time.sleep(left)
 

@@ -121,3 +121,15 @@ def test_a_read_waits_no_longer_than_the_timeout_has_left(clock):
         Job(results, "j-1").wait(timeout=3.0)
     assert results.waits[:2] == [2000, 1000]
     assert clock.now == pytest.approx(3.0)
+
+
+def test_catching_up_on_a_page_read_without_waiting_is_no_reason_to_pause(clock):
+    # The first read finds 8 stored (4 to a page) and reads on at once; the page that
+    # catches up asked for no wait, so the client does not pause before its next read
+    # (which waits on storage and finds the job complete) instead of a whole poll.
+    stored = [8, 8, 10]
+    results = StoredResults(total=10, stored=lambda call: stored[call], clock=clock, holds=True)
+    ids = [r["id"] for r in Job(results, "j-1").results(poll=0.2)]
+    assert ids == list(range(10))
+    assert results.waits == [200, 0, 200]
+    assert clock.slept == []
