@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cluster_stats import compute_threads_schedstat, node_cpu_seconds, schedstat_delta  # noqa: E402
+from cluster_stats import compute_threads, node_cpu_seconds, thread_clocks  # noqa: E402
 from paused_windows import running_over_paused  # noqa: E402
 from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
@@ -75,10 +75,10 @@ def main() -> None:
     def in_process(seed: int) -> tuple[float, float]:
         """Wall and CPU seconds of the in-process engine on fresh tokens."""
         prompts = work.with_fresh_tokens(seed).prompts
-        t, c, s = time.perf_counter(), time.process_time(), compute_threads_schedstat("self", eng.threads)
+        t, c, s = time.perf_counter(), time.process_time(), thread_clocks()
         eng.generate(prompts, sampling)
         wall = time.perf_counter() - t
-        print_waits("in-process", schedstat_delta(s, compute_threads_schedstat("self", eng.threads)), wall)
+        print_waits("in-process", compute_threads(s, thread_clocks(), eng.threads), wall)
         return wall, time.process_time() - c
 
     shares, router_shares, idle = [], [], {}
@@ -88,12 +88,12 @@ def main() -> None:
         items = job_items(work.with_fresh_tokens(seed))
         before = node_cpu_seconds(cluster)
         worker_pid = cluster.nodes["worker-0"][0].pid
-        sched = compute_threads_schedstat(worker_pid, eng.threads)
+        sched = thread_clocks(worker_pid)
         t = time.perf_counter()
         results = client.submit(items, params=params, job_key=key).wait()
         assert len(results) == len(items)
         wall = time.perf_counter() - t
-        print_waits("the worker", schedstat_delta(sched, compute_threads_schedstat(worker_pid, eng.threads)), wall)
+        print_waits("the worker", compute_threads(sched, thread_clocks(worker_pid), eng.threads), wall)
         spent = {k: v - before[k] for k, v in node_cpu_seconds(cluster).items()}
         used = {k: v - idle.get(k, 0.0) * wall for k, v in spent.items()}
         shares.append((used["storage"] + used["scheduler"]) / used["worker"])
@@ -136,12 +136,13 @@ def main() -> None:
           f"polling): {100 * statistics.median(router_shares):.2f}%")
 
 
-def print_waits(who: str, delta: tuple[float, float, int], wall: float) -> None:
-    """What the compute threads' run-queue waits say: the other threads' and processes'
-    CPU on the engine's cores (each wait also stalls the partner thread at its next barrier)."""
-    on_cpu, waiting, slices = delta
-    print(f"  {who}'s compute threads: {on_cpu:.1f} s on a CPU, {waiting:.2f} s waiting for one "
-          f"(runnable, preempted), scheduled in {slices / wall:.0f} times a second", flush=True)
+def print_waits(who: str, clocks: dict, wall: float) -> None:
+    """What the compute threads' run-queue waits say (`compute_threads`): the other threads'
+    and processes' CPU on the engine's cores (each wait also stalls the partner thread at
+    its next barrier)."""
+    print(f"  {who}'s compute threads: {clocks['compute_cpu']:.1f} s on a CPU, {clocks['compute_wait']:.2f} s "
+          f"waiting for one (runnable, preempted), scheduled in {clocks['compute_runs'] / wall:.0f} times a second",
+          flush=True)
 
 
 def paused_job(client, cluster, step_log: Path, work, every: float) -> None:

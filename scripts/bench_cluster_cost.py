@@ -13,6 +13,8 @@ machine has cores, the router, scheduler, storage and etcd run on cores of their
 on a GPU host: what is left of the difference is the cluster's own path (placement,
 messages, results). With the engine on every core, they take their CPU from it: its
 threads wait for a core, and while one waits, the others spin at the next barrier.
+(`bench_cluster.py` runs its in-process rounds beside the idle cluster instead: it weighs
+the job's own traffic, delivery and logs, not the cluster's whole cost.)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from cluster_stats import compute_threads, node_cpu_seconds, thread_clocks  # noqa: E402
 from turned_rounds import format_ratio, per_round, run_rounds  # noqa: E402
 from workloads import bench_arguments, ensure_model, job_items, w1  # noqa: E402
 
@@ -58,32 +61,6 @@ sys.stdin.readline()
 """
 
 
-def thread_clocks(pid: int) -> dict[int, tuple[float, float, int]]:
-    """Each thread of `pid`: (CPU seconds, seconds waiting on a run queue, times run)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            cpu, wait, runs = open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[:3]
-        except OSError:  # the thread ended between the listing and the read
-            continue
-        out[int(tid)] = (int(cpu) / 1e9, int(wait) / 1e9, int(runs))
-    return out
-
-
-def process_cpu(pid: int) -> float:
-    return sum(cpu for cpu, _, _ in thread_clocks(pid).values())
-
-
-def compute_threads(before: dict, after: dict, threads: int) -> dict:
-    """The `threads` threads that ran the most over the job (the engine's: the others
-    of a worker move bytes), their sums, and what the process's other threads ran."""
-    spent = {tid: tuple(a - b for a, b in zip(after[tid], before.get(tid, (0.0, 0.0, 0)))) for tid in after}
-    busiest = sorted(spent, key=lambda tid: -spent[tid][0])[:threads]
-    return {"compute_cpu": sum(spent[t][0] for t in busiest), "compute_wait": sum(spent[t][1] for t in busiest),
-            "compute_runs": sum(spent[t][2] for t in busiest),
-            "other_threads_cpu": sum(s[0] for t, s in spent.items() if t not in busiest)}
-
-
 def run_alone(args) -> dict:
     proc = subprocess.Popen([sys.executable, "-c", ENGINE_ALONE, str(HERE), args.model, args.dtype, str(args.threads),
                              str(args.sequences)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -109,23 +86,20 @@ def run_cluster(args) -> dict:
     with shoal.LocalCluster(args.model, workers=1, dtype=args.dtype, worker_threads=args.threads) as cluster:
         client = shoal.Client(cluster.router)
         client.submit(job_items(work.with_fresh_tokens(1)), params={"ignore_eos": True}, job_key="warm-up").wait()
-        pids = {"etcd": cluster.etcd.proc.pid, "client": os.getpid(),
-                **{name: proc.pid for name, (proc, _, _) in cluster.nodes.items()}}
-        worker = next(pid for name, pid in pids.items() if name.startswith("worker"))
-        before = {name: thread_clocks(pid) for name, pid in pids.items()}
+        worker = cluster.nodes["worker-0"][0].pid
+        before, nodes_before, client_before = thread_clocks(worker), node_cpu_seconds(cluster), time.process_time()
         t = time.perf_counter()
         results = client.submit(job_items(work.with_fresh_tokens(2)), params={"ignore_eos": True},
                                 job_key="measured").wait()
         wall = time.perf_counter() - t
-        after = {name: thread_clocks(pid) for name, pid in pids.items()}
+        after, nodes_after, client_after = thread_clocks(worker), node_cpu_seconds(cluster), time.process_time()
         client.close()
     failed = [r for r in results if r.get("error")]
     if failed:
         raise RuntimeError(f"{len(failed)} items failed, e.g. {failed[0]}")
-    others = {name: sum(c for c, _, _ in after[name].values()) - sum(c for c, _, _ in before[name].values())
-              for name, pid in pids.items() if pid != worker}
-    worker_name = next(name for name, pid in pids.items() if pid == worker)
-    return {"wall": wall, **compute_threads(before[worker_name], after[worker_name], args.threads), "others": others}
+    others = {role: nodes_after[role] - nodes_before[role] for role in nodes_after if role != "worker"}
+    others["client"] = client_after - client_before
+    return {"wall": wall, **compute_threads(before, after, args.threads), "others": others}
 
 
 def describe(name: str, r: dict) -> str:

@@ -1,5 +1,5 @@
-"""What a benchmark reads from a local cluster: its worker's StatsQuery answer, and the
-CPU seconds of its processes."""
+"""What a benchmark reads from a local cluster: its worker's StatsQuery answer, the
+CPU seconds of its processes, and what the kernel says of a process's threads."""
 
 from __future__ import annotations
 
@@ -31,25 +31,32 @@ def node_cpu_seconds(cluster) -> dict[str, float]:
     return out
 
 
-def compute_threads_schedstat(pid: int | str = "self", threads: int = 2) -> tuple[float, float, int]:
-    """(seconds on a CPU, seconds runnable but waiting for one, times scheduled in) of a
-    process's `threads` busiest threads, from /proc/PID/task/*/schedstat (Linux with
-    schedstats; zeros elsewhere). The engine's threads fill every core, so the time
-    they wait on a run queue is the time other threads and processes ran on their cores;
-    an engine alone on the machine waits almost none."""
+
+def thread_clocks(pid: int | str = "self") -> dict[int, tuple[float, float, int]]:
+    """Each thread of a process: (seconds on a CPU, seconds runnable but waiting for one,
+    times scheduled in), from /proc/PID/task/*/schedstat (Linux with schedstats; empty
+    elsewhere). The engine's threads fill every core, so the time they wait on a run
+    queue is the time other threads and processes ran on their cores; an engine alone on
+    the machine waits almost none."""
     from pathlib import Path
 
-    rows = []
+    out = {}
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            on_cpu, waiting, slices = map(int, (task / "schedstat").read_text().split()[:3])
-        except (OSError, ValueError):
+            on_cpu, waiting, runs = map(int, (task / "schedstat").read_text().split()[:3])
+        except (OSError, ValueError):  # the thread ended between the listing and the read
             continue
-        rows.append((on_cpu / 1e9, waiting / 1e9, slices))
-    rows.sort(reverse=True)
-    busiest = rows[:threads]
-    return sum(r[0] for r in busiest), sum(r[1] for r in busiest), sum(r[2] for r in busiest)
+        out[int(task.name)] = (on_cpu / 1e9, waiting / 1e9, runs)
+    return out
 
 
-def schedstat_delta(before: tuple, after: tuple) -> tuple[float, float, int]:
-    return tuple(b - a for a, b in zip(before, after))
+def compute_threads(before: dict, after: dict, threads: int) -> dict:
+    """Between two `thread_clocks` readings: the `threads` threads that ran the most (the
+    engine's; a worker's others move bytes), their sums, and what the process's other
+    threads ran. Chosen by what they ran in between, not before: a thread that loaded a
+    model and then idled is not a compute thread."""
+    spent = {tid: tuple(a - b for a, b in zip(after[tid], before.get(tid, (0.0, 0.0, 0)))) for tid in after}
+    busiest = sorted(spent, key=lambda tid: -spent[tid][0])[:threads]
+    return {"compute_cpu": sum(spent[t][0] for t in busiest), "compute_wait": sum(spent[t][1] for t in busiest),
+            "compute_runs": sum(spent[t][2] for t in busiest),
+            "other_threads_cpu": sum(s[0] for t, s in spent.items() if t not in busiest)}

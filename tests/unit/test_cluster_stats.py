@@ -1,5 +1,5 @@
-"""How scripts/bench_cluster_cost.py tells the engine's compute threads from a process's
-other threads, and sums what the kernel counted for each over a job."""
+"""How the benchmarks' cluster_stats (scripts/) tell the engine's compute threads from a
+process's other threads, and sum what the kernel counted for each over a job."""
 
 import os
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from bench_cluster_cost import compute_threads, thread_clocks  # noqa: E402
+from cluster_stats import compute_threads, thread_clocks  # noqa: E402
 
 
 def test_the_busiest_threads_are_the_compute_threads_and_the_rest_are_summed_apart():
