@@ -121,7 +121,7 @@ def run_shoal(args, work) -> dict:
               "breakdown": {"plan": s.time_plan, "model": s.time_model, "sample": s.time_sample},
               "preemptions": s.preemptions, "budget": eng.config.max_num_batched_tokens,
               "budget_reason": eng.budget_reason, "policy_fallback": eng.policy_fallback,
-              "attention": "native" if eng.runner.kernel is not None else "sdpa", "packed_linears": eng.packed_linears,
+              "attention": eng.runner.ops.name if eng.runner.ops is not None else "sdpa", "packed_linears": eng.packed_linears,
               "pad_rows": eng.model.pad_rows}
     if args.no_profile:
         return result

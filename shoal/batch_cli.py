@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from shoal.resumable_output import add_overwrite_flag
+from shoal.nodes.worker.device_choice import add_device_arg
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 
@@ -28,6 +29,7 @@ def add_parser(sub) -> None:
     b.add_argument("--max-tokens", type=int, default=DEFAULT_CHAT_MAX_TOKENS,
                    help="a chat request's max_tokens where it sets none (completions: 16, as the API)")
     b.add_argument("--router", help="a running cluster's router; without it a local cluster runs the batch")
+    add_device_arg(b)
     b.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     b.add_argument("--dtype", default="auto", help="compute dtype of the local cluster's workers")
     b.add_argument("--job-key", help="idempotency key: the same key on the same cluster attaches to the same job")
@@ -122,7 +124,7 @@ def cmd_batch(args) -> int:
         if todo:
             kinds = {r.kind for r in todo}
             cluster = nullcontext() if args.router else LocalCluster(
-                args.model if kinds - {"embedding"} else None, workers=args.workers, dtype=args.dtype,
+                args.model if kinds - {"embedding"} else None, workers=args.workers, dtype=args.dtype, device=args.device,
                 encoder=args.encoder if "embedding" in kinds else None)
             with cluster as local:
                 router = args.router or local.router

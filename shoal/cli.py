@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from shoal.generate_cli import DTYPE_HELP
+from shoal.nodes.worker.device_choice import DEVICE_HELP, device_arg
 
 
 def cmd_make_model(args) -> int:
@@ -22,7 +23,8 @@ def cmd_calibrate(args) -> int:
     from shoal.nodes.worker import calibration
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="mb", device_memory=args.device_memory))
+    engine = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="mb", device_memory=args.device_memory,
+                                                device=args.device))
     cm = calibration.calibrate(engine, progress=lambda m: print(m, flush=True))
     path = calibration.save(engine, cm)
     print(f"calibration: {path}")
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     mm = sub.add_parser("make-model", help="write a random-weight checkpoint in Hugging Face layout")
-    mm.add_argument("--preset", default="tiny", help="tiny | small | moe-tiny | moe-small (Qwen3-MoE, 8 or 16 experts, top 2)")
+    mm.add_argument("--preset", default="tiny",
+                    help="tiny | small | qwen3-1.7b | moe-tiny | moe-small (Qwen3-MoE, 8 or 16 experts, top 2)")
     mm.add_argument("--out", required=True)
     mm.add_argument("--arch", default="Qwen3ForCausalLM")
     mm.add_argument("--dtype", default="bfloat16")
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--model", required=True)
     c.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help=DTYPE_HELP)
+    c.add_argument("--device", type=device_arg, default="auto", help=f"the device to calibrate: {DEVICE_HELP}")
     c.add_argument("--device-memory", type=int, default=0,
                    help="as the worker's: a worker that streams its weights has a calibration of its own")
     c.set_defaults(fn=cmd_calibrate)

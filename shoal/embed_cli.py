@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
+from shoal.nodes.worker.device_choice import add_device_arg
+
 
 def add_parser(sub) -> None:
     e = sub.add_parser("embed", help="embed a corpus of JSONL or Parquet files into Parquet (SuperBatches)")
@@ -32,6 +34,7 @@ def add_parser(sub) -> None:
     e.add_argument("--encoder-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="compute dtype of the local cluster's workers (auto: the encoder checkpoint's where "
                         "this device computes it natively, else float32)")
+    add_device_arg(e)
     e.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     e.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
     e.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
@@ -53,7 +56,7 @@ def cmd_embed(args) -> int:
 
     info = describe_encoder(args.encoder)
     worker_args = ["--encoder-dtype", args.encoder_dtype]
-    cluster = nullcontext() if args.router else LocalCluster(encoder=args.encoder, workers=args.workers,
+    cluster = nullcontext() if args.router else LocalCluster(encoder=args.encoder, workers=args.workers, device=args.device,
                                                              worker_args=worker_args, worker_threads=args.threads)
     with cluster as local:
         router = args.router or local.router

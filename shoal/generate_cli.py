@@ -11,6 +11,7 @@ from pathlib import Path
 from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
 from shoal.generate_input import MAX_ITEM_BYTES
 from shoal.resumable_output import add_overwrite_flag
+from shoal.nodes.worker.device_choice import add_device_arg
 
 DTYPE_HELP = ("compute dtype; auto (default): the checkpoint's where this device computes it natively "
               "(bf16 on a CPU only with AVX512_BF16 or AMX), else float32")
@@ -27,6 +28,7 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help=DTYPE_HELP)
+    add_device_arg(g)
     g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
@@ -99,7 +101,7 @@ def cmd_generate(args) -> int:
             failed += 1
         if todo:
             cluster = nullcontext() if args.router else LocalCluster(
-                args.model, workers=args.workers, dtype=args.dtype,
+                args.model, workers=args.workers, dtype=args.dtype, device=args.device,
                 storage_args=["--max-item-bytes", str(args.max_item_bytes)])
             with cluster as local:
                 router = args.router or local.router

@@ -25,7 +25,7 @@ class LocalCluster:
                  curve_keys: str | Path | None = None, host: str = "127.0.0.1",
                  scheduler_args: list[str] | None = None, encoder: str | Path | None = None, storage_nodes: int = 1,
                  storage_args: list[str] | None = None, die_with_parent: bool = True, insecure: bool = False,
-                 http_port: int = 0):
+                 http_port: int = 0, device: str = "auto", gpus: list[str] | None = None):
         """`schedulers` > 1 starts standbys; `env` is added to every node's environment
         (e.g. a fault plan, `SHOAL_FAULTS`); `worker_args` go to every worker;
         `curve_keys` (a `shoal keys generate` directory) encrypts every connection;
@@ -39,7 +39,9 @@ class LocalCluster:
         `curve_keys` they are made in STATE_DIR/keys (clients: SHOAL_CURVE_KEYS), unless
         `insecure`; there workers run only built-in programs and storage opens no path a
         request names unless `worker_args` / `storage_args` allow them (`exposure.py`).
-        `http_port`: the router serves its status page there (0: none)."""
+        `http_port`: the router serves its status page there (0: none). `device` is every
+        worker's (`--device`); with `auto` or `cuda` each worker sees one of `gpus`
+        (default: the host's, `gpu_assignment.py`), round robin: one worker per GPU."""
         if model is None and encoder is None:
             raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
         self.encoder = str(encoder) if encoder else None
@@ -52,7 +54,14 @@ class LocalCluster:
         self.storage_args = storage_args or []
         self.die_with_parent = die_with_parent
         self.http_port = http_port
+        from shoal.gpu_assignment import host_gpus, wants_gpu
+        from shoal.nodes.worker.device_choice import check_device_name
+
+        self.device = check_device_name(device)
+        self.gpus = (host_gpus() if gpus is None else list(gpus)) if wants_gpu(device) else []
+        self.started_workers = 0
         self.prefixes: dict[str, list[str] | None] = {}
+        self.node_env: dict[str, dict | None] = {}
         self.dir = Path(state_dir or tempfile.mkdtemp(prefix="shoal-"))
         self.insecure = insecure
         from shoal.nodes.exposure import is_loopback
@@ -80,11 +89,12 @@ class LocalCluster:
                                    self.env if env is None else env, prefix, self.die_with_parent, beside_workers=True)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
+        self.node_env[name] = env  # a restart keeps it (a worker keeps its GPU)
         self.prefixes[name] = prefix
         return address
 
     def _worker_args(self, name: str) -> list[str]:
-        args = ["shoal.nodes.worker.worker_node", "--dtype", self.dtype,
+        args = ["shoal.nodes.worker.worker_node", "--dtype", self.dtype, "--device", self.device,
                 "--policy", self.policy, "--node-id", name, "--etcd", self.etcd.endpoint,
                 "--cluster", self.cluster, f"--kv-cache-share={DEFAULT_SHARE / max(1, self.workers):.4g}", *self.worker_args]
         if self.model:
@@ -94,6 +104,14 @@ class LocalCluster:
         if self.worker_threads:
             args += ["--threads", str(self.worker_threads)]
         return args
+
+    def _worker_env(self) -> dict | None:
+        """The next worker's environment: the cluster's, and its own GPU where it has one."""
+        from shoal.gpu_assignment import worker_gpu_env
+
+        gpu = worker_gpu_env(self.started_workers, self.gpus)
+        self.started_workers += 1
+        return {**(self.env or {}), **gpu} if gpu else self.env
 
     def add_worker(self, name: str, host: str | None = None, prefix: list[str] | None = None,
                    timeout: float = 120, extra_args: list[str] | None = None) -> str:
@@ -106,7 +124,7 @@ class LocalCluster:
         from shoal.nodes.membership import MemberView
 
         address = self._spawn(name, [*self._worker_args(name), f"--bind=tcp://{host or self.host}:0",
-                                     *(extra_args or [])], prefix=prefix)
+                                     *(extra_args or [])], env=self._worker_env(), prefix=prefix)
         view = MemberView(self.etcd.endpoint, self.cluster).start()
         try:
             if not view.wait_for(lambda m: name in m, timeout):
@@ -129,7 +147,8 @@ class LocalCluster:
         proc.wait()
         self.procs.remove(proc)
         bind = f"tcp://{address.rsplit(':', 2)[-2].lstrip('/')}:0" if new_address else address
-        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={bind}"], env, self.prefixes[name])
+        new = self._spawn(name, [a for a in args if not a.startswith("--bind=")] + [f"--bind={bind}"],
+                          self.node_env.get(name) if env is None else env, self.prefixes[name])
         self.nodes[name] = (self.nodes[name][0], args, new)
         return new
 
@@ -145,7 +164,7 @@ class LocalCluster:
                 self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e,
                                                *self.scheduler_args])
             for i in range(self.workers):
-                self._spawn(f"worker-{i}", self._worker_args(f"worker-{i}"))
+                self._spawn(f"worker-{i}", self._worker_args(f"worker-{i}"), env=self._worker_env())
             page = ["--http-port", str(self.http_port), "--http-host", self.host] if self.http_port else []
             self.router = self._spawn("router-0", ["shoal.nodes.router", "--dir", str(self.dir / "router"),
                                                    "--node-id", "router-0", *e, *page])

@@ -11,6 +11,7 @@ import orjson
 
 from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
 from shoal.generate_cli import DTYPE_HELP
+from shoal.nodes.worker.device_choice import add_device_arg
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +22,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     u = sub.add_parser("up", help="start a local cluster: etcd and every node as processes on this machine")
     u.add_argument("--model", required=True)
+    add_device_arg(u)
     u.add_argument("--workers", type=int, default=1)
     u.add_argument("--dir", help="state directory (default: a new temporary one)")
     u.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -171,6 +173,7 @@ def cmd_nodes(args) -> int:
                      + (f" ({e['kv_cache_bytes'] / 2**30:.1f} GiB {e.get('kv_cache_dtype')})" if e.get("kv_cache_bytes")
                         else "") +
                      f" generated {e['generated_tokens']} tokens, planner {e['planner'].get('mode')},"
+                     f" device {e.get('device')} ({e.get('device_label')}), attention {e.get('attention')},"
                      f" dtype {e.get('dtype')}, budget {e.get('budget')} tokens/step"
                      + (" (rows padded)" if e.get("pad_rows") else "")
                      + (" DRAINING" if st.get("draining") else ""))

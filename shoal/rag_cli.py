@@ -22,6 +22,7 @@ from pathlib import Path
 import orjson
 
 from shoal.resumable_output import add_overwrite_flag
+from shoal.nodes.worker.device_choice import add_device_arg
 
 
 def add_parsers(sub) -> None:
@@ -56,6 +57,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--index-name", default="default")
     r.add_argument("--replicas", type=int, default=1, help="storage nodes per index shard")
     r.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
+    add_device_arg(r)
     r.add_argument("--workers", type=int, default=1, help="workers of the local cluster")
     r.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the local cluster's decoder dtype (auto: the checkpoint's where this device computes "
@@ -169,7 +171,7 @@ def cmd_rag(args) -> int:
     with output:
         if todo:
             cluster = nullcontext() if args.router else LocalCluster(
-                args.model, encoder=args.encoder, workers=args.workers, dtype=args.dtype,
+                args.model, encoder=args.encoder, workers=args.workers, dtype=args.dtype, device=args.device,
                 storage_nodes=args.storage_nodes, worker_threads=args.threads)
             with cluster as local:
                 router = args.router or local.router

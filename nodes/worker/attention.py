@@ -5,13 +5,12 @@ The KV cache of a layer is one tensor `[2, num_slots, kv_heads, head_dim]`; slot
 decode tokens first (one per sequence) and then each prefill chunk, so decodes run as
 one batched call and each chunk as one call.
 
-Two paths share this metadata. The native kernel (`kernels/paged_attention.cpp`,
-called from `DecoderLM`'s native forward) takes every decode and every chunk as a
-*span* and reads the cache through block tables in one call per layer. The reference
-path here gathers the slots a sequence reads, then calls
-`scaled_dot_product_attention` (a fresh prompt: causal SDPA on the step's own keys);
-tests compare the two. A GPU kernel that reads block tables directly (such as
-flash-attention's paged API) plugs in where the native kernel is called.
+Two paths share this metadata. An ops backend (`ops_backend.py`: the native CPU kernel
+`kernels/paged_attention.cpp`, the Triton kernel on a GPU, or torch ops), called from
+`DecoderLM`'s paged forward, takes every decode and every chunk as a *span* and reads
+the cache through block tables in one call per layer. The reference path here gathers
+the slots a sequence reads, then calls `scaled_dot_product_attention` (a fresh prompt:
+causal SDPA on the step's own keys); tests compare the two.
 """
 
 from __future__ import annotations
@@ -39,12 +38,14 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     block_size: int = 16
     num_decodes: int = 0  # the step's first rows, one token each
-    kernel: object = None  # the native ops module, when built: the model runs its native forward
+    ops: object = None  # the ops backend (`ops_backend.py`); None: the model's reference forward
     # Kernel path: the spans of rows it computes (every decode, then every chunk).
     span_rows: torch.Tensor | None = None  # [S] first row of each span
     span_lens: torch.Tensor | None = None  # [S] rows of each span
     span_ctx: torch.Tensor | None = None  # [S] context of each span, its own rows included
     span_tables: torch.Tensor | None = None  # [S, max_blocks] int64 block tables
+    span_max_len: int = 0  # the longest span's rows and context, known on the host: a
+    span_max_ctx: int = 0  # device backend sizes its launch without reading the spans back
     # Gather path: the decodes' slots padded per sequence to L, and a mask.
     decode_slots: torch.Tensor | None = None  # [B * L]
     decode_len: int = 0  # L

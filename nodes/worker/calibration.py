@@ -33,9 +33,14 @@ CALIBRATION_VERSION = 5  # 2: the native engine (fused ops, paged prefill) and t
 # 4: a fit below the floor is measured again; 5: large step tensors no longer page-fault (step_buffers.py)
 
 
-def device_name() -> str:
-    """The CPU, the vector ISA its code runs at and the threads: step costs differ on
-    each (ATEN_CPU_CAPABILITY or SHOAL_VECTOR_ISA can cap a CPU below its widest ISA)."""
+def device_name(device: str = "cpu", backend: str = "") -> str:
+    """What step costs depend on. A GPU: its model and memory, and the ops backend. A CPU:
+    its model, the vector ISA its code runs at and the threads (ATEN_CPU_CAPABILITY or
+    SHOAL_VECTOR_ISA can cap a CPU below its widest ISA)."""
+    if device.startswith("cuda"):
+        from shoal.nodes.worker.device_choice import device_label
+
+        return f"cuda:{device_label(device)}:{backend}"
     from shoal.nodes.worker.kernels import default_isa
 
     isa, kernels = torch.backends.cpu.get_cpu_capability(), default_isa()
@@ -44,13 +49,19 @@ def device_name() -> str:
     return f"cpu:{cpu_model()}:{isa}:{torch.get_num_threads()}t"
 
 
+def engine_device(engine) -> str:
+    """`device_name` of the device and backend the engine runs on."""
+    ops = engine.runner.ops
+    return device_name(str(engine.config.device), ops.name if ops is not None else "sdpa")
+
+
 def cache_path(engine, root: Path | None = None) -> Path:
     # Streamed weights make every step pay their copy: another device, as far as step costs go.
     streamed = f"-resident{engine.streamer.resident_bytes}" if getattr(engine, "streamer", None) else ""
     # A cache in another dtype than the model's changes what decode attention costs.
     dtype, kv = engine.config.dtype, engine.config.kv_cache_dtype
     dtypes = dtype if kv == dtype else f"{dtype}-kv{kv}"
-    key = f"{engine.fingerprint.replace(':', '_')}-{dtypes}-{device_name()}{streamed}-v{CALIBRATION_VERSION}"
+    key = f"{engine.fingerprint.replace(':', '_')}-{dtypes}-{engine_device(engine)}{streamed}-v{CALIBRATION_VERSION}"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)
     return (root or state_dir()) / "calibration" / f"{safe}.json"
 
@@ -66,7 +77,7 @@ def load_cached(engine, root: Path | None = None) -> CostModel | None:
     # Identity only: a poor fit is still this device's measurement, kept so the engine
     # decides the same way each start (the planner validates its quality).
     for what, want, have in (("model", engine.fingerprint, cm.model), ("dtype", engine.config.dtype, cm.dtype),
-                             ("device", device_name(), cm.device)):
+                             ("device", engine_device(engine), cm.device)):
         if want != have:
             raise CalibrationError(f"calibration cache {path} was measured for {what} {have!r}, not {want!r}")
     return cm
@@ -181,7 +192,7 @@ def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(
         engine.planner = saved
         engine.reset_stats()
     return CostModel(ap, bp, ad, bd, a, b, c, model=engine.fingerprint, dtype=engine.config.dtype,
-                     device=device_name(), r2={"prefill": r2p, "decode": r2d, "mb": r2m}, budget_probe=probe)
+                     device=engine_device(engine), r2={"prefill": r2p, "decode": r2d, "mb": r2m}, budget_probe=probe)
 
 
 PROBE_BUDGETS = (128, 256, 512, 1024, 2048, 4096)

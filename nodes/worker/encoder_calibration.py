@@ -31,7 +31,7 @@ VERSION = 2
 
 def cache_path(encoder, root: Path | None = None) -> Path:
     dtype = str(encoder.w["embeddings.word_embeddings.weight"].dtype).removeprefix("torch.")
-    key = f"encoder-{encoder.fingerprint}-{dtype}-{device_name()}-v{VERSION}"
+    key = f"encoder-{encoder.fingerprint}-{dtype}-{device_name(str(encoder.device))}-v{VERSION}"
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
     return (root or state_dir()) / "calibration" / f"{safe}.json"
 
@@ -52,7 +52,7 @@ def calibrate(encoder, repeats: int = 3, seed: int = 0) -> dict:
         xs.append(b * n)
         ys.append(statistics.median(times))
     (a, c), r2 = fit_polynomial(xs, ys, 1)
-    return {"a": max(a, 0.0), "c": c, "r2": r2, "device": device_name(), "threads": torch.get_num_threads()}
+    return {"a": max(a, 0.0), "c": c, "r2": r2, "device": device_name(str(encoder.device)), "threads": torch.get_num_threads()}
 
 
 def load_or_calibrate(encoder, root: Path | None = None) -> dict:

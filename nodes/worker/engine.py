@@ -15,16 +15,13 @@ from pathlib import Path
 
 import torch
 
-from shoal.nodes.worker.block_manager import BlockManager
-from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig, EngineStats, RequestOutput
+from shoal.nodes.worker.engine_config import EngineConfig, EngineStats, RequestOutput
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
-from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
-from shoal.nodes.worker.kv_cache_size import PREFAULT_BYTES, choose_kv_cache_bytes
 from shoal.nodes.worker.model_runner import ModelRunner
-from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
 from shoal.nodes.worker.sampler import sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
+from shoal.nodes.worker.step_clock import StepClock
 from shoal.nodes.worker.tokenizer import TextTokenizer
 from shoal.protocol.sequence_state import SequenceState, StateError
 from shoal.sampling import RequestError, SamplingParams
@@ -46,68 +43,21 @@ class LLMEngine:
         torch.set_num_threads(threads)
         self.threads = threads
         log.info("[engine] %d torch threads (%s)", threads, why)
-        from dataclasses import replace
+        from shoal.nodes.worker.engine_setup import set_up
 
-        from shoal.nodes.worker.dtype_choice import choose_dtype, choose_kv_cache_dtype
-
-        self.dtype_choice = choose_dtype(config.dtype, model_dir)
-        if config.dtype == "auto":
-            log.info("[dtype] %s: %s", self.dtype_choice.name, self.dtype_choice.reason)
-        self.kv_dtype_choice = choose_kv_cache_dtype(config.kv_cache_dtype, config.dtype, self.dtype_choice, model_dir)
-        # Calibration and stats name what runs.
-        config = replace(config, dtype=self.dtype_choice.name, kv_cache_dtype=self.kv_dtype_choice.name)
-        auto_budget = config.max_num_batched_tokens is None
-        if auto_budget:  # until a calibration says otherwise (it runs with this one)
-            config = replace(config, max_num_batched_tokens=DEFAULT_BUDGET)
-        self.budget_reason = "no device calibration: the default" if auto_budget else "set by the user"
-        self.config = config
-        self.model, self.fingerprint = load_decoder(model_dir, config.dtype)
-        self.streamer = None
-        if config.device_memory:
-            from shoal.nodes.worker.weight_streamer import WeightStreamer, nbytes
-
-            if nbytes(self.model) > config.device_memory:
-                self.streamer = self.model.streamer = WeightStreamer(self.model, config.device_memory)
-        self.packed_linears = 0
-        if config.packed_linears:
-            from shoal.nodes.worker.models.packed_linear import pack_linears
-
-            streamed = tuple(self.model.layers[i] for i in self.streamer.streamed) if self.streamer else ()
-            self.packed_linears = pack_linears(self.model, skip=streamed)
-        self.model_cfg = self.model.cfg
+        setup = self.setup = set_up(model_dir, config)
+        self.config, self.device = setup.config, torch.device(setup.device.name)
+        self.dtype_choice, self.kv_dtype_choice = setup.dtype_choice, setup.kv_dtype_choice
+        self.model, self.fingerprint, self.streamer = setup.model, setup.fingerprint, setup.streamer
+        self.packed_linears, self.model_cfg = setup.packed_linears, setup.model.cfg
+        self.blocks, self.cache, self.kv_cache_reason = setup.blocks, setup.cache, setup.kv_cache_reason
+        self.budget_reason, auto_budget = setup.budget_reason, setup.auto_budget
+        config = self.config
         self.tokenizer = TextTokenizer(model_dir)
-        kv_dtype = parse_dtype(config.kv_cache_dtype)
-        # No more than max_num_seqs full contexts could ever use: a tiny model does not
-        # get (and zero) gigabytes of cache it cannot fill.
-        useful = config.max_num_seqs * self.model_cfg.max_position_embeddings // config.block_size + 1
-        if config.num_blocks:
-            num_blocks, self.kv_cache_reason = config.num_blocks, "num_blocks as set"
-        else:
-            kv_bytes, self.kv_cache_reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
-            fits = kv_bytes // (bytes_per_token(self.model_cfg, kv_dtype) * config.block_size)
-            if useful < fits:
-                self.kv_cache_reason += f"; capped at what {config.max_num_seqs} full contexts can use"
-            num_blocks = max(1, min(useful, fits))
-        self.blocks = BlockManager(num_blocks, config.block_size)
-        self.cache = KVCache(self.model_cfg, num_blocks, config.block_size, kv_dtype,
-                             prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0)
-        log.info("[kv-cache] %.2f GiB, %d blocks of %d tokens: %s", self.cache.nbytes / 2**30, num_blocks,
-                 config.block_size, self.kv_cache_reason)
-        log.info("[kv-cache] %s: %s", config.kv_cache_dtype, self.kv_dtype_choice.reason)
-        kernel = None
-        if config.attention == "native":
-            from shoal.nodes.worker.kernels import native_ops
-
-            kernel = native_ops()
-            if kernel is not None and not kernel.supports_head_dim(self.model_cfg.head_dim):
-                log.warning("[engine] head_dim %d has no native attention build; using gather + SDPA",
-                            self.model_cfg.head_dim)
-                kernel = None
-        elif config.attention != "sdpa":
-            raise ValueError(f"unknown attention backend {config.attention!r}; choose native or sdpa")
-        self.runner = ModelRunner(self.model, self.cache, kernel, sdpa_prefill_work=config.sdpa_prefill_work)
+        self.runner = ModelRunner(self.model, self.cache, setup.ops, sdpa_prefill_work=config.sdpa_prefill_work)
+        self.clock = StepClock(self.device)
         self.model.pad_rows = config.pad_rows if config.pad_rows is not None else self._rows_pad_free()
-        if self.model.pad_rows and kernel is not None:
+        if self.model.pad_rows and setup.ops is not None:
             log.info("[matmul] step rows rounded up to a few sizes (oneDNN compiles each size once; free on AMX)")
         if self.runner.sdpa_prefill_work:
             log.info("[attention] prefill chunks of %d+ rows x context through SDPA, the rest in the native kernel",
@@ -174,7 +124,10 @@ class LLMEngine:
                 "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason,
                 "budget": self.config.max_num_batched_tokens, "budget_reason": self.budget_reason,
                 "threads": self.threads,
-                "attention": "native" if self.runner.kernel is not None else "sdpa", "pad_rows": self.model.pad_rows,
+                "device": self.config.device, "device_label": self.setup.device_label,
+                "device_reason": self.setup.device.reason,
+                "attention": self.runner.ops.name if self.runner.ops is not None else "sdpa",
+                "attention_reason": self.setup.ops_reason, "pad_rows": self.model.pad_rows,
                 "packed_linears": self.packed_linears,
                 "weight_streaming": {**self.streamer.summary(), "sizing": self.fetch_sizing} if self.streamer else None}
 
@@ -275,9 +228,9 @@ class LLMEngine:
                                    f"with {self.blocks.num_free} free KV blocks")
             return []
         sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
+        self.clock.start()
         logits, logit_chunks = self.runner.run(chunks, sample_mask)
-        t2 = time.perf_counter()
-        self.stats.time_model += t2 - t1
+        self.clock.model_done()
         prefill = 0
         for seq, n in chunks:
             if seq.num_computed < seq.num_prompt_tokens:
@@ -287,10 +240,12 @@ class LLMEngine:
         # What this step ran, (prefill tokens, decoding sequences): the encode planner
         # predicts the next step's time from it.
         self.last_step_work = (prefill, sum(1 for _, n in chunks if n == 1))
-        self._split_model_time(t2 - t1, *self.last_step_work)
         self.stats.rows_stepped += len(chunks)
         finished = self._sample([chunks[i][0] for i in logit_chunks], logits)
-        self.stats.time_sample += time.perf_counter() - t2
+        model_s, sample_s = self.clock.finish()
+        self.stats.time_model += model_s
+        self.stats.time_sample += sample_s
+        self._split_model_time(model_s, *self.last_step_work)
         self.stats.steps += 1
         return finished
 
@@ -425,8 +380,8 @@ class LLMEngine:
         # A greedy row draws nothing: its uniform is never read.
         us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids))
               for s in seqs]
-        kernel = self.runner.kernel
-        tokens, margins, draws = sample(logits, params, us, kernel.row_top2 if kernel is not None else None)
+        ops = self.runner.ops
+        tokens, margins, draws = sample(logits, params, us, ops.row_top2 if ops is not None else None)
         finished = []
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             seq.output_token_ids.append(tok)
@@ -499,7 +454,7 @@ class LLMEngine:
             raise RequestError(f"sequence {seq_id!r}: not in this engine")
         kv = None
         if seq.host_kv is not None or (seq.status == SeqStatus.RUNNING and seq.num_computed):
-            tensors = seq.host_kv if seq.host_kv is not None else self.cache.read(seq.block_table, seq.num_computed)
+            tensors = seq.host_kv if seq.host_kv is not None else self.cache.read(seq.block_table, seq.num_computed).cpu()
             kv = encode_kv(tensors, self.fingerprint)
         state = SequenceState(
             seq_id=seq.seq_id, prompt_token_ids=list(seq.prompt_token_ids),

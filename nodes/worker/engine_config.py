@@ -10,6 +10,9 @@ from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
 
 @dataclass(frozen=True)
 class EngineConfig:
+    # "auto": a GPU where torch sees one, else the CPU; "cpu", "cuda" or "cuda:N"
+    # (`device_choice.py`). The engine's own config names the device it chose.
+    device: str = "auto"
     # "auto": the checkpoint's dtype where the device computes it natively, else float32
     # (`dtype_choice.py`); the engine's own config names the dtype it chose.
     dtype: str = "auto"
@@ -22,6 +25,9 @@ class EngineConfig:
     # share, and so does a cluster file to the workers of a host).
     kv_cache_bytes: int | None = None
     kv_cache_share: float = DEFAULT_SHARE
+    # On a GPU, without kv_cache_bytes: the share of the device's memory the worker may
+    # fill, the cache taking what the weights and a profiled step leave (`gpu_memory.py`).
+    gpu_memory_utilization: float = 0.9
     # "auto": the compute dtype, or bf16 where `dtype="auto"` computes a bf16 checkpoint in
     # fp32 (decode attention reads half the bytes; `dtype_choice.choose_kv_cache_dtype`).
     kv_cache_dtype: str = "auto"
@@ -44,11 +50,13 @@ class EngineConfig:
     # copy instead of a prefill (on a GPU it would be pinned memory). 0: they recompute.
     offload_bytes: int = 0
     num_threads: int | None = None
-    # "native": the compiled native ops (`kernels/`: paged attention for every chunk and
-    # the fused norm / RoPE / activation), falling back to "sdpa" if they cannot be
-    # built; "sdpa": the torch reference forward (gather the slots, then
-    # scaled_dot_product_attention), which tests compare the native one with.
-    attention: str = "native"
+    # The ops backend (`ops_backend.py`). "auto": "native" on a CPU, "triton" on a GPU
+    # ("torch" where Triton is missing). "native": the compiled CPU ops (`kernels/`: paged
+    # attention for every chunk and the fused norm / RoPE / activation), falling back to
+    # "sdpa" if they cannot be built; "triton": the Triton paged attention kernel; "torch":
+    # every op in torch on any device; "sdpa": the reference forward (gather the slots,
+    # then scaled_dot_product_attention), which tests compare every backend with.
+    attention: str = "auto"
     # Native attention only: a prefill chunk whose rows x context reach this many goes
     # through gather + scaled_dot_product_attention instead of the kernel's tiles
     # (`model_runner.py`); 0: never, the default (the tiles lead on every shape measured).

@@ -1,4 +1,5 @@
-"""The KV cache tensors: one `[2, num_blocks * block_size, kv_heads, head_dim]` per layer."""
+"""The KV cache tensors: one `[2, num_blocks * block_size, kv_heads, head_dim]` per layer,
+in the engine's device memory (host memory on 2 MB pages for a CPU engine)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
 
 class KVCache:
     def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 prefault_bytes: int = 0):
+                 prefault_bytes: int = 0, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
         self.block_size = block_size
         self.num_blocks = num_blocks
         slots = num_blocks * block_size
         # Allocated uninitialized: no path reads a slot before it is written (the kernel
         # reads each span's own tokens, the reference path pads with a sequence's first
-        # token, model_runner.py). On 2 MB pages where the OS has them (huge_pages.py).
+        # token, model_runner.py). On a CPU on 2 MB pages where the OS has them (huge_pages.py).
         shape = (2, slots, cfg.num_kv_heads, cfg.head_dim)
-        self.layers = [huge_pages.empty(shape, dtype) for _ in range(cfg.num_layers)]
+        if self.device.type == "cpu":
+            self.layers = [huge_pages.empty(shape, dtype) for _ in range(cfg.num_layers)]
+        else:  # device memory is committed when allocated: nothing to prefault
+            self.layers = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(cfg.num_layers)]
+            prefault_bytes = 0
         # One write over the lowest blocks' slots now, up to prefault_bytes in all, so that
         # no step pays a page's first write while the job fits them (blocks are handed out
         # lowest first: `block_manager.py`); the rest is committed as blocks are first written.
@@ -44,7 +50,8 @@ class KVCache:
         return sum(layer.nbytes for layer in self.layers)
 
     def slots_of(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
-        """Cache slots of token positions [start, end) of a sequence."""
+        """Cache slots of token positions [start, end) of a sequence, as a host tensor (a
+        step's inputs travel to the device together: `model_runner.stage`)."""
         bs = self.block_size
         table = torch.tensor(block_table, dtype=torch.long)
         pos = torch.arange(start, end)
@@ -56,11 +63,14 @@ class KVCache:
         return len(self.layers) * 2 * num_tokens * layer.shape[-2] * layer.shape[-1] * layer.element_size()
 
     def read(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
-        """A sequence's K/V in the canonical unpaged layout: [layers, 2, tokens, kvh, d]."""
-        slots = self.slots_of(block_table, 0, num_tokens)
+        """A sequence's K/V in the canonical unpaged layout: [layers, 2, tokens, kvh, d], on
+        the cache's device."""
+        slots = self.slots_of(block_table, 0, num_tokens).to(self.device)
         return torch.stack([layer[:, slots] for layer in self.layers])
 
     def write(self, block_table: list[int], kv: torch.Tensor) -> None:
-        slots = self.slots_of(block_table, 0, kv.shape[2])
+        """`kv` in the canonical layout, from any device (host KV goes over in one copy)."""
+        slots = self.slots_of(block_table, 0, kv.shape[2]).to(self.device)
+        kv = kv.to(self.device, non_blocking=kv.is_pinned())
         for layer, src in zip(self.layers, kv):
             layer[:, slots] = src.to(layer.dtype)

@@ -27,14 +27,15 @@ from shoal.nodes.worker.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cache: KVCache, kernel=None, sdpa_prefill_work: int = 0):
+    def __init__(self, model: DecoderLM, cache: KVCache, ops=None, sdpa_prefill_work: int = 0):
         self.model = model
         self.cache = cache
         self.bs = cache.block_size
-        self.kernel = kernel  # the native ops module, or None for the reference path
+        self.device = cache.device
+        self.ops = ops  # the ops backend (`ops_backend.py`), or None for the reference path
         # Native path: prefill chunks of at least this many rows x context go through SDPA
         # (0: none).
-        self.sdpa_prefill_work = sdpa_prefill_work if kernel is not None else 0
+        self.sdpa_prefill_work = sdpa_prefill_work if ops is not None and ops.name == "native" else 0
 
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
@@ -53,7 +54,7 @@ class ModelRunner:
         lens: list[int] = []
         ctxs: list[int] = []
         tables: list[list[int]] = []
-        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs, kernel=self.kernel)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs, ops=self.ops)
         row = 0
         for i in order:
             seq, n = chunks[i]
@@ -69,7 +70,7 @@ class ModelRunner:
                 pos.extend(range(start, end))
                 chunk_slots.append(self.cache.slots_of(seq.block_table, start, end))
             by_sdpa = n > 1 and 0 < self.sdpa_prefill_work <= n * end
-            if (n == 1 or self.kernel is not None) and not by_sdpa:
+            if (n == 1 or self.ops is not None) and not by_sdpa:
                 rows.append(row)
                 lens.append(n)
                 ctxs.append(end)
@@ -87,31 +88,46 @@ class ModelRunner:
             if sample_mask[i]:
                 logit_rows.append(row - 1)
                 logit_chunks.append(i)
+        host = {"ids": torch.tensor(ids, dtype=torch.long), "pos": torch.tensor(pos, dtype=torch.long),
+                "logit_rows": torch.tensor(logit_rows, dtype=torch.long),
+                "slot_mapping": torch.cat([torch.tensor(decode_slots, dtype=torch.long), *chunk_slots])}
         if rows:
             width = max(map(len, tables))
             table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-            ctx_t = torch.tensor(ctxs, dtype=torch.long)
-            if self.kernel is not None:
-                meta.span_rows = torch.tensor(rows, dtype=torch.long)
-                meta.span_lens = torch.tensor(lens, dtype=torch.long)
-                meta.span_ctx = ctx_t
-                meta.span_tables = table
+            if self.ops is not None:
+                host.update(span_rows=torch.tensor(rows, dtype=torch.long), span_lens=torch.tensor(lens, dtype=torch.long),
+                            span_ctx=torch.tensor(ctxs, dtype=torch.long), span_tables=table)
+                meta.span_max_len, meta.span_max_ctx = max(lens), max(ctxs)
             else:  # only decodes are spans here: pad each to the longest context, mask the rest
                 b, L = len(rows), max(ctxs)
+                ctx_t = torch.tensor(ctxs, dtype=torch.long)
                 slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
                 valid = torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)
                 # Padding reads the sequence's own first token: a slot never written holds
                 # whatever the memory held, and a NaN there survives the mask (0 * NaN).
                 slots = torch.where(valid, slots, slots[:, :1])
                 meta.decode_len = L
-                meta.decode_slots = slots.reshape(-1)
-                meta.decode_mask = valid.view(b, 1, 1, L)
-        meta.slot_mapping = torch.cat([torch.tensor(decode_slots, dtype=torch.long), *chunk_slots])
-        logits = self.model(
-            torch.tensor(ids, dtype=torch.long),
-            torch.tensor(pos, dtype=torch.long),
-            self.cache.layers,
-            meta,
-            torch.tensor(logit_rows, dtype=torch.long),
-        )
+                host.update(decode_slots=slots.reshape(-1), decode_mask=valid.view(b, 1, 1, L))
+        dev = stage(host, self.device)
+        for name in ("slot_mapping", "span_rows", "span_lens", "span_ctx", "span_tables", "decode_slots", "decode_mask"):
+            if name in dev:
+                setattr(meta, name, dev[name])
+        for span in meta.prefills:  # the reference path's chunks (and SDPA's large ones): per chunk
+            span.slots = span.slots.to(self.device) if span.slots is not None else None
+            span.mask = span.mask.to(self.device) if span.mask is not None else None
+        logits = self.model(dev["ids"], dev["pos"], self.cache.layers, meta, dev["logit_rows"])
         return logits, logit_chunks
+
+
+def stage(host: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A step's host tensors on `device`: on a GPU one pinned buffer and one copy that does
+    not wait for the host (the step's kernels queue behind it on the same stream); on the
+    CPU the tensors as they are."""
+    if device.type == "cpu":
+        return host
+    names = list(host)
+    flat = torch.cat([host[k].reshape(-1).to(torch.long) for k in names])
+    if device.type == "cuda":
+        flat = flat.pin_memory()
+    moved = flat.to(device, non_blocking=True).split([host[k].numel() for k in names])
+    return {k: m.view(host[k].shape).to(host[k].dtype) for k, m in zip(names, moved)}

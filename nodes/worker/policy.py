@@ -25,7 +25,7 @@ def obtain_cost_model(engine) -> CostModel:
         log.warning("[calibrate] ignoring cached calibration: %s", e)
         cm = None
     if cm is None:
-        log.info("[calibrate] measuring the step cost model on %s", calibration.device_name())
+        log.info("[calibrate] measuring the step cost model on %s", calibration.engine_device(engine))
         cm = calibration.calibrate(engine)
         path = calibration.save(engine, cm)
         log.info("[calibrate] saved %s", path)

@@ -68,9 +68,9 @@ def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_
     """The top-k then top-p filter: a keep mask in id order, and per row the distance
     rounding would need to move the cut. scaled: tempered logits [R, V] float64; probs:
     their softmax."""
-    vocab = scaled.shape[1]
+    vocab, dev = scaled.shape[1], scaled.device
     sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    ranks = torch.arange(vocab).unsqueeze(0)
+    ranks = torch.arange(vocab, device=dev).unsqueeze(0)
     in_k = ranks < top_k
     # top-p runs on the distribution renormalized over the top-k tokens.
     sp = probs.gather(1, order) * in_k
@@ -78,7 +78,7 @@ def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_
     before = torch.cumsum(sp, dim=-1) - sp  # mass strictly before each token
     keep_sorted = in_k & (before < top_p)  # always keeps the first token
     kept = keep_sorted.sum(dim=-1, keepdim=True)  # >= 1
-    rows = torch.arange(scaled.shape[0]).unsqueeze(1)
+    rows = torch.arange(scaled.shape[0], device=dev).unsqueeze(1)
     last = kept - 1
     nxt = kept.clamp(max=vocab - 1)
     inf = torch.full_like(top_p, float("inf"))
@@ -95,11 +95,27 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
            ) -> tuple[list[int], torch.Tensor | None, dict[int, Draw]]:
     """logits: [B, V] fp32 or bf16 (a bf16 model's; every value widens to fp32 exactly,
     so the picks and margins are those of the fp32 copy). Returns the chosen ids; when
-    any row asks for margins, the top-1 minus top-2 logit of every row; and the `Draw`
-    of every sampled row that asks for margins, by row. `row_top2`: the native op that
-    makes both in one pass (the first index of a tied maximum, as argmax), else torch's
-    argmax and topk."""
-    if row_top2 is not None and logits.is_contiguous():
+    any row asks for margins, the top-1 minus top-2 logit of every row (on the host); and
+    the `Draw` of every sampled row that asks for margins, by row. `row_top2`: the native
+    op that makes both in one pass (the first index of a tied maximum, as argmax), else
+    torch's argmax and topk. On a GPU everything runs there (`pick`), and what is read
+    back is the chosen ids, and the margins and draws where asked for."""
+    chosen, margins, sampled = pick(logits, params, uniforms, row_top2)
+    draws: dict[int, Draw] = {}
+    if sampled is not None and any(params[i].return_margins for i in sampled[0]):
+        rows, lo, hi, cut = sampled
+        for i, a, b, c in zip(rows, lo.tolist(), hi.tolist(), cut.tolist()):
+            if params[i].return_margins:
+                draws[i] = Draw(uniforms[i], a, b, None if c == float("inf") else c)
+    return chosen.tolist(), (margins.cpu() if margins is not None else None), draws
+
+
+def pick(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], row_top2=None):
+    """`sample`'s tensor work, on the logits' device with no read back: the chosen ids
+    [B], the margins [B] or None, and for the sampled rows (row indices, each draw's
+    interval lo and hi [R], the cut's distance [R], inf where nothing was cut), or None."""
+    dev = logits.device
+    if row_top2 is not None and logits.is_contiguous() and dev.type == "cpu":
         chosen, margins = row_top2(logits)
         if not any(p.return_margins for p in params):
             margins = None
@@ -108,36 +124,30 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
         top2 = torch.topk(logits, 2, dim=-1) if any(p.return_margins for p in params) else None
         chosen = logits.argmax(dim=-1)
         margins = (top2.values[:, 0] - top2.values[:, 1]) if top2 is not None else None
-    draws: dict[int, Draw] = {}
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        idx = torch.tensor(rows)
-        temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float64).unsqueeze(1)
-        scaled = logits[idx].double() / temps
-        probs = torch.softmax(scaled, dim=-1)
-        vocab = scaled.shape[1]
-        filtered = [j for j, i in enumerate(rows) if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
-        cut = [None] * len(rows)
-        if filtered:
-            f = torch.tensor(filtered)
-            top_k = torch.tensor([params[rows[j]].top_k or vocab for j in filtered]).unsqueeze(1)
-            top_p = torch.tensor([params[rows[j]].top_p for j in filtered], dtype=torch.float64).unsqueeze(1)
-            keep, cuts = _filter(scaled[f], probs[f], top_k, top_p)
-            probs[f] = probs[f] * keep
-            for j, c in zip(filtered, cuts.tolist()):
-                cut[j] = c
-        cdf = torch.cumsum(probs, dim=-1)
-        total = cdf[:, -1:]
-        u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float64).unsqueeze(1)
-        # The first token whose CDF exceeds u; rounding can put u*total at the very top,
-        # so it is clamped to the last token kept (the highest id with mass).
-        last_kept = vocab - 1 - torch.argmax((probs > 0).flip(-1).to(torch.int8), dim=-1, keepdim=True)
-        pick = torch.minimum(torch.searchsorted(cdf, u * total, right=True), last_kept)
-        hi = cdf.gather(1, pick)
-        lo = hi - probs.gather(1, pick)
-        chosen[idx] = pick.squeeze(1)
-        for j, (i, a, b) in enumerate(zip(rows, (lo / total).squeeze(1).tolist(), (hi / total).squeeze(1).tolist())):
-            if params[i].return_margins:
-                c = cut[j]
-                draws[i] = Draw(uniforms[i], a, b, None if c is None or c == float("inf") else c)
-    return chosen.tolist(), margins, draws
+    if not rows:
+        return chosen, margins, None
+    idx = torch.tensor(rows, device=dev)
+    temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float64, device=dev).unsqueeze(1)
+    scaled = logits[idx].double() / temps
+    probs = torch.softmax(scaled, dim=-1)
+    vocab = scaled.shape[1]
+    filtered = [j for j, i in enumerate(rows) if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
+    cut = torch.full((len(rows),), float("inf"), dtype=torch.float64, device=dev)
+    if filtered:
+        f = torch.tensor(filtered, device=dev)
+        top_k = torch.tensor([params[rows[j]].top_k or vocab for j in filtered], device=dev).unsqueeze(1)
+        top_p = torch.tensor([params[rows[j]].top_p for j in filtered], dtype=torch.float64, device=dev).unsqueeze(1)
+        keep, cut[f] = _filter(scaled[f], probs[f], top_k, top_p)
+        probs[f] = probs[f] * keep
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf[:, -1:]
+    u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float64, device=dev).unsqueeze(1)
+    # The first token whose CDF exceeds u; rounding can put u*total at the very top,
+    # so it is clamped to the last token kept (the highest id with mass).
+    last_kept = vocab - 1 - torch.argmax((probs > 0).flip(-1).to(torch.int8), dim=-1, keepdim=True)
+    chosen_rows = torch.minimum(torch.searchsorted(cdf, u * total, right=True), last_kept)
+    hi = cdf.gather(1, chosen_rows)
+    lo = hi - probs.gather(1, chosen_rows)
+    chosen[idx] = chosen_rows.squeeze(1)
+    return chosen, margins, (rows, (lo / total).squeeze(1), (hi / total).squeeze(1), cut)

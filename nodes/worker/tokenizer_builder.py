@@ -31,3 +31,25 @@ def build_tokenizer(vocab_size: int, text_chars: int, special: tuple[str, ...] =
     tok.add_special_tokens([*special, EOS_TOKEN])
     assert tok.get_vocab_size() == vocab_size and tok.token_to_id(EOS_TOKEN) == vocab_size - 1
     return tok
+
+
+WORDPIECE_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def build_wordpiece(text_chars: int, vocab_size: int = 30522) -> Tokenizer:
+    """A BERT-style WordPiece tokenizer (lower-cased, [CLS] text [SEP]) trained on stdlib
+    docstrings: what a random-weight encoder takes where no real encoder's tokenizer is
+    at hand (a bare GPU machine). Its vocabulary is what the text yields, up to `vocab_size`."""
+    from tokenizers import normalizers, processors
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL),
+                                        show_progress=False)
+    tok.train_from_iterator(stdlib_docstrings(text_chars), trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok

@@ -8,6 +8,7 @@ import argparse
 import logging
 from dataclasses import dataclass
 
+from shoal.nodes.worker.device_choice import DEVICE_HELP, device_arg
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES, KV_CACHE_DTYPE_NAMES
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE, check_share
 
@@ -33,11 +34,27 @@ def share_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def utilization_arg(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {share}")
+    return share
+
+
 def add_worker_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", help="a decoder model folder (a worker hosts a decoder, an encoder, or both)")
     ap.add_argument("--storage", default="", help="default storage node address (assignments may name one)")
     ap.add_argument("--dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="compute dtype; auto: the checkpoint's where this device computes it natively, else float32")
+    ap.add_argument("--device", type=device_arg, default="auto", help=f"the device the models compute on: {DEVICE_HELP}")
+    ap.add_argument("--gpu-memory-utilization", type=utilization_arg, default=0.9,
+                    help="on a GPU without --kv-cache-bytes: the share of the device's memory this worker may fill; "
+                         "the KV cache takes what the weights and a profiled worst-case step leave")
+    ap.add_argument("--attention", default="auto", choices=["auto", "native", "triton", "torch", "sdpa"],
+                    help="the ops backend: auto (native on a CPU, triton on a GPU), or one by name")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=None,
@@ -102,7 +119,9 @@ def load_decoder(args):
         return LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy=args.policy, num_threads=args.threads,
                                                   max_num_batched_tokens=args.budget, offload_bytes=args.offload_bytes,
                                                   kv_cache_bytes=args.kv_cache_bytes, kv_cache_share=args.kv_cache_share,
-                                                  kv_cache_dtype=args.kv_cache_dtype, device_memory=args.device_memory))
+                                                  kv_cache_dtype=args.kv_cache_dtype, device_memory=args.device_memory,
+                                                  device=args.device, attention=args.attention,
+                                                  gpu_memory_utilization=args.gpu_memory_utilization))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:
@@ -120,7 +139,10 @@ def load_encoder(args):
     from shoal.nodes.worker.encoder_calibration import load_or_calibrate
     from shoal.nodes.worker.models.encoder import Encoder
 
-    choice = choose_dtype(args.encoder_dtype, args.encoder)
-    logging.getLogger(__name__).info("[dtype] encoder %s: %s", choice.name, choice.reason)
-    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name))
+    from shoal.nodes.worker.device_choice import choose_device
+
+    device = choose_device(args.device)
+    choice = choose_dtype(args.encoder_dtype, args.encoder, on_gpu=device.is_gpu)
+    logging.getLogger(__name__).info("[dtype] encoder %s on %s: %s", choice.name, device.name, choice.reason)
+    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name), device=device.name)
     return encoder, load_or_calibrate(encoder)

@@ -187,7 +187,7 @@ def test_engine_bf16_native_matches_reference_path(tiny_model):
     results, logits = {}, {}
     for attention in ("native", "sdpa"):
         eng = LLMEngine(tiny_model, EngineConfig(dtype="bfloat16", attention=attention, max_num_batched_tokens=64))
-        assert (eng.runner.kernel is not None) == (attention == "native")
+        assert (eng.runner.ops is not None) == (attention == "native")
         steps: dict = {}
         eng.on_logits = lambda ids, lg: [steps.setdefault(s, []).append(row.clone()) for s, row in zip(ids, lg)]
         results[attention] = eng.generate(prompts, params)
@@ -255,7 +255,7 @@ def test_fp32_over_bf16_cache_sdpa_chunks_match_the_kernel(small_shaped_model):
         eng.on_logits = lambda ids, lg: [steps.setdefault(s, []).append(row.clone()) for s, row in zip(ids, lg)]
         eng.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True))
         logits[work] = torch.cat([torch.stack(steps[i]) for i in range(len(prompts))])
-    bound = 1.5e-1 if eng.runner.kernel.bf16_dots_available(64) else 2e-2
+    bound = 1.5e-1 if eng.runner.ops.bf16_dots_available(64) else 2e-2
     assert (logits[0] - logits[1]).abs().max().item() < bound
 
 

@@ -71,7 +71,7 @@ def test_tiny_matches_transformers(tiny_model, chunked, attention, pad_rows):
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
                                              chunked_prefill=chunked, attention=attention, pad_rows=pad_rows))
     if attention == "native":
-        assert eng.runner.kernel is not None, "the native kernel did not build"
+        assert eng.runner.ops is not None, "the native kernel did not build"
     assert eng.packed_linears > 0, "the projections were not packed for oneDNN"
     prompts = random_prompts(10, 512, MIXED)
     check_against_hf(tiny_model, eng, prompts, max_tokens=24)
@@ -94,7 +94,7 @@ def test_prefill_chunks_through_sdpa_beside_the_kernel_match_transformers(tiny_m
     monkeypatch.setattr(attention, "attend_after_prefix", counting)
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64 if chunked else 512,
                                              chunked_prefill=chunked, sdpa_prefill_work=1))
-    assert eng.runner.kernel is not None and eng.runner.sdpa_prefill_work == 1
+    assert eng.runner.ops is not None and eng.runner.sdpa_prefill_work == 1
     check_against_hf(tiny_model, eng, random_prompts(10, 512, MIXED, seed=5), max_tokens=16)
     if chunked:
         assert split, "no chunk after a cached prefix ran as two flash calls"
@@ -109,7 +109,7 @@ def test_every_prefill_chunk_stays_in_the_kernel_by_default(tiny_model, monkeypa
     real = decoder.prefill_sdpa
     monkeypatch.setattr(decoder, "prefill_sdpa", lambda *a: calls.append(1) or real(*a))
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=2048))
-    assert eng.runner.kernel is not None and eng.runner.sdpa_prefill_work == 0
+    assert eng.runner.ops is not None and eng.runner.sdpa_prefill_work == 0
     eng.generate(random_prompts(2, 512, [1500], seed=7), SamplingParams(max_tokens=2, ignore_eos=True))
     assert eng.stats.prompt_tokens_computed == 3000 and not calls
 

@@ -34,7 +34,7 @@ def rows_seen(engine) -> set[int]:
 @pytest.mark.parametrize("pad_rows", [True, False])
 def test_padded_steps_reach_the_linears_at_listed_sizes_only(tiny_model, pad_rows):
     eng = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=200, pad_rows=pad_rows))
-    assert eng.packed_linears > 0 and eng.runner.kernel is not None
+    assert eng.packed_linears > 0 and eng.runner.ops is not None
     seen = rows_seen(eng)
     outs = eng.generate(prompts(), SamplingParams(max_tokens=12, ignore_eos=True))
     assert all(len(o.token_ids) == 12 for o in outs)

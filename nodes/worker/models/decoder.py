@@ -4,10 +4,11 @@ A step's tokens from every sequence are concatenated into one `[T]` batch, so ea
 projection is a single matrix multiply whatever mix of prefill and decode the step
 holds; only attention looks at sequence boundaries (through `AttentionMetadata`).
 
-Two forwards compute the same function. With the native ops built (`meta.kernel`), a
-layer is its matrix multiplies plus four native calls (RMSNorm with the residual add,
-qk-norm + RoPE + cache write, paged attention, SwiGLU's activation), and the residual
-stream is carried beside the hidden state as vLLM does. The reference forward is the
+Two forwards compute the same function. With an ops backend (`meta.ops`: the native CPU
+kernels, Triton on a GPU, or torch ops; `ops_backend.py`), a layer is its matrix
+multiplies plus four backend calls (RMSNorm with the residual add, qk-norm + RoPE +
+cache write, paged attention, SwiGLU's activation), and the residual stream is carried
+beside the hidden state as vLLM does. The reference forward is the
 torch formulation, op by op, that tests compare the native one with.
 """
 
@@ -69,7 +70,7 @@ class Attention(nn.Module):
     def forward_native(self, x, positions, rope, kv_cache, meta: AttentionMetadata):
         """`x` may hold padding rows after the step's tokens (`DecoderLM.pad_rows`): they
         write no cache and attend to nothing; their output is zero."""
-        cfg, ops = self.cfg, meta.kernel
+        cfg, ops = self.cfg, meta.ops
         T = positions.shape[0]
         qkv = self.qkv(x)
         none = qkv.new_empty(0)
@@ -86,8 +87,7 @@ class Attention(nn.Module):
             out = padded[:T]
         if meta.span_rows is not None:
             with traced("shoal::paged_attention"):
-                ops.paged_attention(q, kv_cache[0], kv_cache[1], meta.span_tables, meta.span_rows, meta.span_lens,
-                                    meta.span_ctx, meta.block_size, self.scale, out)
+                ops.attend(q, kv_cache, meta, self.scale, out)
         if meta.prefills:  # large fp32 chunks on AVX2 (model_runner.py); profiled as aten's SDPA ops
             prefill_sdpa(q, kv_cache, meta.prefills, self.scale, out)
         return self.o(padded.view(x.shape[0], cfg.q_size))
@@ -108,7 +108,7 @@ class DecoderLayer(nn.Module):
     def forward_native(self, x, residual, positions, rope, kv_cache, meta):
         """x: the last sublayer's output (the embeddings for the first layer); residual:
         the stream before it (empty for the first layer), updated in place."""
-        ops, eps = meta.kernel, self.input_norm.eps
+        ops, eps = meta.ops, self.input_norm.eps
         with traced("shoal::rms_norm"):
             h = ops.rms_norm(x, residual, self.input_norm.weight, eps)  # no add while residual is empty
         if residual.numel() == 0:
@@ -166,7 +166,7 @@ class DecoderLM(nn.Module):
         that sample), since the vocabulary projection is costly. They stay in the
         model's dtype: the greedy pick reads bf16 as it is, and the sampler widens
         only the rows it samples."""
-        if meta.kernel is not None:
+        if meta.ops is not None:
             sampled = logit_rows.shape[0]
             if self.pad_rows:
                 input_ids = pad_to(input_ids, padded_rows(input_ids.shape[0]))
@@ -177,7 +177,7 @@ class DecoderLM(nn.Module):
                 if self.streamer is not None:
                     self.streamer.before_layer(i, x.shape[0])
                 x, residual = layer.forward_native(x, residual, positions, self.rope, cache, meta)
-            x = meta.kernel.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
+            x = meta.ops.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
             if self.streamer is not None:
                 self.streamer.after_step(positions.shape[0])
             return self.lm_head(x)[:sampled]

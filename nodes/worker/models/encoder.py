@@ -22,7 +22,7 @@ from shoal.encoder_config import EncoderConfig, EncoderError, encoder_fingerprin
 
 
 class Encoder:
-    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32):
+    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
 
@@ -31,7 +31,8 @@ class Encoder:
         weights = self.folder / "model.safetensors"
         if not weights.exists():
             raise EncoderError(f"encoder folder {self.folder}: missing model.safetensors")
-        w = {k.removeprefix("bert."): v.to(dtype) for k, v in load_file(str(weights)).items()}
+        self.device = torch.device(device)
+        w = {k.removeprefix("bert."): v.to(self.device, dtype) for k, v in load_file(str(weights)).items()}
         need = ["embeddings.word_embeddings.weight"] + [f"encoder.layer.{i}.output.dense.weight" for i in range(cfg.num_layers)]
         missing = [k for k in need if k not in w]
         if missing:
@@ -53,7 +54,9 @@ class Encoder:
 
     @torch.inference_mode()
     def encode_ids(self, batch: list[list[int]]) -> torch.Tensor:
-        """[len(batch), dim] float32 embeddings of already tokenized texts, one padded batch."""
+        """[len(batch), dim] float32 embeddings of already tokenized texts, one padded batch,
+        on the host (on a GPU: the batch's ids go over in one copy, its vectors come back
+        in one)."""
         cfg, w = self.config, self.w
         n = max(map(len, batch))
         ids = torch.zeros(len(batch), n, dtype=torch.long)
@@ -61,11 +64,12 @@ class Encoder:
         for i, row in enumerate(batch):
             ids[i, : len(row)] = torch.tensor(row)
             mask[i, : len(row)] = True
+        ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
              + w["embeddings.token_type_embeddings.weight"][0])
         x = F.layer_norm(x, (self.dim,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg.layer_norm_eps)
         heads, hd = cfg.num_heads, self.dim // cfg.num_heads
-        bias = torch.zeros(len(batch), 1, 1, n, dtype=x.dtype).masked_fill(~mask[:, None, None, :], -math.inf)
+        bias = torch.zeros(len(batch), 1, 1, n, dtype=x.dtype, device=self.device).masked_fill(~mask[:, None, None, :], -math.inf)
         for i in range(cfg.num_layers):
             p = f"encoder.layer.{i}."
 
@@ -86,7 +90,7 @@ class Encoder:
             m = mask[..., None].to(x.dtype)
             out = (x * m).sum(1) / m.sum(1).clamp(min=1)
         out = out.float()
-        return F.normalize(out, dim=-1) if cfg.normalize else out
+        return (F.normalize(out, dim=-1) if cfg.normalize else out).cpu()
 
     def encode(self, texts: list[str], token_budget: int = DEFAULT_TOKEN_BUDGET) -> torch.Tensor:
         """Embeddings in input order. Texts are sorted by length and cut into

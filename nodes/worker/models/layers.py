@@ -27,8 +27,9 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding:
     """cos/sin tables for every position, indexed by each token's absolute position.
 
-    Plain tensors, not module buffers: always fp32 on the CPU, whatever device context
-    or dtype the model is built in (the loader builds on the meta device)."""
+    Plain tensors, not module buffers: always fp32, built on the CPU whatever device
+    context or dtype the model is built in (the loader builds on the meta device), then
+    moved to the engine's device once (`to`)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         cpu = torch.device("cpu")
@@ -38,6 +39,10 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos()
         self.sin = emb.sin()
+
+    def to(self, device: torch.device | str) -> "RotaryEmbedding":
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
+        return self
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, 1, head_dim] tables for the step, built once and shared by every layer."""

@@ -1,4 +1,5 @@
-"""Load a decoder's weights straight from a Hugging Face folder's safetensors files.
+"""Load a decoder's weights straight from a Hugging Face folder's safetensors files onto
+the engine's device.
 
 Every expected tensor is checked by name and shape before anything is copied, so a bad
 checkpoint fails with the tensor's name instead of a shape error deep inside torch.
@@ -6,6 +7,7 @@ checkpoint fails with the tensor's name instead of a shape error deep inside tor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -80,87 +82,117 @@ def expected_shapes(cfg: DecoderConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def read_checkpoint(model_dir: Path, cfg: DecoderConfig) -> dict[str, torch.Tensor]:
+def destinations(cfg: DecoderConfig) -> dict[str, tuple[str, tuple]]:
+    """Where each checkpoint tensor goes: a parameter of `DecoderLM` and the part of it
+    (rows of a fused matrix, an expert of a stacked one; `()` for the whole)."""
+    qs, kv, out = cfg.q_size, cfg.kv_size, {}
+    out["model.embed_tokens.weight"] = ("embed.weight", ())
+    out["model.norm.weight"] = ("norm.weight", ())
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = ("lm_head.weight", ())
+    for i in range(cfg.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[p + "input_layernorm.weight"] = (q + "input_norm.weight", ())
+        out[p + "post_attention_layernorm.weight"] = (q + "post_attn_norm.weight", ())
+        # q, k and v fused into one matrix, in that order (`decoder.Attention`).
+        for name, rows in (("q", slice(0, qs)), ("k", slice(qs, qs + kv)), ("v", slice(qs + kv, qs + 2 * kv))):
+            out[p + f"self_attn.{name}_proj.weight"] = (q + "attn.qkv.weight", (rows,))
+            if cfg.attention_bias:
+                out[p + f"self_attn.{name}_proj.bias"] = (q + "attn.qkv.bias", (rows,))
+        out[p + "self_attn.o_proj.weight"] = (q + "attn.o.weight", ())
+        if cfg.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (q + "attn.q_norm.weight", ())
+            out[p + "self_attn.k_norm.weight"] = (q + "attn.k_norm.weight", ())
+        if cfg.is_moe_layer(i):  # experts stacked: gate+up and down (`moe.py`)
+            names, inter = expert_names(cfg, p), cfg.moe_intermediate_size
+            out[names["router"]] = (q + "mlp.router.weight", ())
+            for e in range(cfg.num_experts):
+                out[names["gate"].format(e)] = (q + "mlp.gate_up", (e, slice(0, inter)))
+                out[names["up"].format(e)] = (q + "mlp.gate_up", (e, slice(inter, 2 * inter)))
+                out[names["down"].format(e)] = (q + "mlp.down", (e,))
+            if cfg.shared_expert_intermediate_size:
+                s, sh = p + "mlp.shared_expert.", cfg.shared_expert_intermediate_size
+                out[s + "gate_proj.weight"] = (q + "mlp.shared.gate_up.weight", (slice(0, sh),))
+                out[s + "up_proj.weight"] = (q + "mlp.shared.gate_up.weight", (slice(sh, 2 * sh),))
+                out[s + "down_proj.weight"] = (q + "mlp.shared.down.weight", ())
+                out[p + "mlp.shared_expert_gate.weight"] = (q + "mlp.shared_gate.weight", ())
+            continue
+        inter = cfg.intermediate_size
+        out[p + "mlp.gate_proj.weight"] = (q + "mlp.gate_up.weight", (slice(0, inter),))
+        out[p + "mlp.up_proj.weight"] = (q + "mlp.gate_up.weight", (slice(inter, 2 * inter),))
+        out[p + "mlp.down_proj.weight"] = (q + "mlp.down.weight", ())
+    return out
+
+
+@contextlib.contextmanager
+def open_checkpoint(model_dir: Path, cfg: DecoderConfig):
+    """Each expected tensor's open file, after every name and shape was checked (read
+    from the headers: no tensor is loaded yet)."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelError(f"model folder {model_dir} has no *.safetensors file")
-    tensors: dict[str, torch.Tensor] = {}
     wanted = expected_shapes(cfg)
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
+    where, shapes = {}, {}
+    with contextlib.ExitStack() as stack:
+        for f in files:
+            try:
+                fh = stack.enter_context(safe_open(str(f), framework="pt"))
                 for name in fh.keys():
                     if name in wanted:
-                        tensors[name] = fh.get_tensor(name)
-        except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise ModelError(f"cannot read {f}: {e}") from None
-    missing = [n for n in wanted if n not in tensors]
-    if missing:
-        raise ModelError(f"{model_dir}: missing tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    for name, shape in wanted.items():
-        if tuple(tensors[name].shape) != shape:
-            raise ModelError(f"{model_dir}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
-    return tensors
+                        where[name], shapes[name] = (fh, f), tuple(fh.get_slice(name).get_shape())
+            except Exception as e:  # safetensors raises its own error types for corrupt files
+                raise ModelError(f"cannot read {f}: {e}") from None
+        missing = [n for n in wanted if n not in where]
+        if missing:
+            raise ModelError(f"{model_dir}: missing tensor {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        for name, shape in wanted.items():
+            if shapes[name] != shape:
+                raise ModelError(f"{model_dir}: tensor {name} has shape {shapes[name]}, expected {shape}")
+        yield where
 
 
-def weights_fingerprint(cfg: DecoderConfig, tensors: dict[str, torch.Tensor]) -> str:
-    """Architecture, shapes and a hash of the weights. Large tensors are hashed on a
-    strided sample of at most 256K elements so that fingerprinting a multi-GB model
-    stays cheap; any real re-training or different seed changes every sample."""
-    h = hashlib.sha256(json.dumps(cfg.shape_dict(), sort_keys=True).encode())
-    for name in sorted(tensors):
-        t = tensors[name].reshape(-1)
-        stride = max(1, t.numel() // 262144)
-        sample = t[::stride].contiguous()
-        h.update(name.encode())
-        h.update(str(tuple(tensors[name].shape)).encode())
-        h.update(sample.view(torch.uint8).numpy().tobytes() if sample.dtype != torch.bfloat16 else sample.view(torch.int16).numpy().tobytes())
-    return f"{cfg.architecture}:{h.hexdigest()[:32]}"
+def hash_tensor(h, name: str, tensor: torch.Tensor) -> None:
+    """Adds a tensor to the weights' fingerprint. Large tensors are hashed on a strided
+    sample of at most 256K elements so that fingerprinting a multi-GB model stays cheap;
+    any real re-training or different seed changes every sample."""
+    t = tensor.reshape(-1)
+    sample = t[:: max(1, t.numel() // 262144)].contiguous()
+    h.update(name.encode())
+    h.update(str(tuple(tensor.shape)).encode())
+    h.update(sample.view(torch.int16 if sample.dtype == torch.bfloat16 else torch.uint8).numpy().tobytes())
 
 
-def load_decoder(model_dir: str | Path, dtype: str | torch.dtype = "float32") -> tuple[DecoderLM, str]:
-    """Returns the model (eval mode, in `dtype`) and its fingerprint."""
+def load_decoder(model_dir: str | Path, dtype: str | torch.dtype = "float32",
+                 device: torch.device | str = "cpu") -> tuple[DecoderLM, str]:
+    """Returns the model (eval mode, in `dtype`, on `device`) and its fingerprint
+    (architecture, shapes and a hash of the checkpoint's weights: the same on every
+    device and in every dtype, so sequences move between a CPU and a GPU worker).
+
+    The parameters are allocated on the device first and each checkpoint tensor is
+    copied into its place as it is read (from the file's memory map), so the host never
+    holds more than one tensor of the model: a GPU worker loads a model larger than its
+    host's free memory."""
     model_dir = Path(model_dir)
     cfg = load_decoder_config(model_dir)
     tdtype = parse_dtype(dtype)
-    tensors = read_checkpoint(model_dir, cfg)
-    fingerprint = weights_fingerprint(cfg, tensors)
     with torch.device("meta"):
         model = DecoderLM(cfg)
-    model = model.to_empty(device="cpu").to(tdtype)
-    state = {"embed.weight": tensors["model.embed_tokens.weight"], "norm.weight": tensors["model.norm.weight"]}
-    if not cfg.tie_word_embeddings:
-        state["lm_head.weight"] = tensors["lm_head.weight"]
-    for i in range(cfg.num_layers):
-        p, q = f"model.layers.{i}.", f"layers.{i}."
-        state[q + "input_norm.weight"] = tensors[p + "input_layernorm.weight"]
-        state[q + "post_attn_norm.weight"] = tensors[p + "post_attention_layernorm.weight"]
-        state[q + "attn.qkv.weight"] = torch.cat([tensors[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
-        if cfg.attention_bias:
-            state[q + "attn.qkv.bias"] = torch.cat([tensors[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        state[q + "attn.o.weight"] = tensors[p + "self_attn.o_proj.weight"]
-        if cfg.qk_norm:
-            state[q + "attn.q_norm.weight"] = tensors[p + "self_attn.q_norm.weight"]
-            state[q + "attn.k_norm.weight"] = tensors[p + "self_attn.k_norm.weight"]
-        if cfg.is_moe_layer(i):  # experts stacked: one tensor each for gate+up and down (`moe.py`)
-            names, experts = expert_names(cfg, p), range(cfg.num_experts)
-            state[q + "mlp.router.weight"] = tensors[names["router"]]
-            state[q + "mlp.gate_up"] = torch.stack([torch.cat([tensors[names["gate"].format(j)],
-                                                               tensors[names["up"].format(j)]]) for j in experts])
-            state[q + "mlp.down"] = torch.stack([tensors[names["down"].format(j)] for j in experts])
-            if cfg.shared_expert_intermediate_size:
-                s = p + "mlp.shared_expert."
-                state[q + "mlp.shared.gate_up.weight"] = torch.cat([tensors[s + "gate_proj.weight"], tensors[s + "up_proj.weight"]])
-                state[q + "mlp.shared.down.weight"] = tensors[s + "down_proj.weight"]
-                state[q + "mlp.shared_gate.weight"] = tensors[p + "mlp.shared_expert_gate.weight"]
-            continue
-        state[q + "mlp.gate_up.weight"] = torch.cat([tensors[p + "mlp.gate_proj.weight"], tensors[p + "mlp.up_proj.weight"]])
-        state[q + "mlp.down.weight"] = tensors[p + "mlp.down_proj.weight"]
-    with torch.no_grad():
-        params = dict(model.named_parameters())
-        for name, value in state.items():
-            params[name].copy_(value)
+    model = model.to(tdtype).to_empty(device=device)
+    params = dict(model.named_parameters())
+    places = destinations(cfg)
+    h = hashlib.sha256(json.dumps(cfg.shape_dict(), sort_keys=True).encode())
+    with open_checkpoint(model_dir, cfg) as where, torch.no_grad():
+        for name in sorted(where):
+            fh, path = where[name]
+            try:
+                tensor = fh.get_tensor(name)
+            except Exception as e:
+                raise ModelError(f"cannot read tensor {name} from {path}: {e}") from None
+            hash_tensor(h, name, tensor)
+            param, part = places[name]
+            params[param][part].copy_(tensor)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
+    model.rope.to(device)
     model.eval()
-    return model, fingerprint
+    return model, f"{cfg.architecture}:{h.hexdigest()[:32]}"

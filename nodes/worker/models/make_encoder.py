@@ -12,13 +12,25 @@ import torch
 from safetensors.torch import save_file
 
 
-def make_encoder(out: str | Path, tokenizer_from: str | Path, hidden: int = 32, layers: int = 2, heads: int = 2,
+def make_encoder(out: str | Path, tokenizer_from: str | Path | None, hidden: int = 32, layers: int = 2, heads: int = 2,
                  intermediate: int = 64, max_positions: int = 512, max_seq_length: int = 128, seed: int = 0) -> Path:
+    """`tokenizer_from`: an encoder folder whose tokenizer to take (MiniLM's), or None to
+    train a WordPiece tokenizer on stdlib docstrings (`tokenizer_builder.build_wordpiece`)."""
     out = Path(out)
     (out / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    src = Path(tokenizer_from)
-    shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
-    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
+    if tokenizer_from is None:
+        from shoal.nodes.worker.tokenizer_builder import build_wordpiece
+
+        tok = build_wordpiece(1_500_000)
+        tok.save(str(out / "tokenizer.json"))
+        vocab = tok.get_vocab_size()
+        (out / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "unk_token": "[UNK]", "sep_token": "[SEP]",
+            "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]", "model_max_length": max_positions}))
+    else:
+        src = Path(tokenizer_from)
+        shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
+        vocab = json.loads((src / "config.json").read_text())["vocab_size"]
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape):

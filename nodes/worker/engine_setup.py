@@ -1,0 +1,112 @@
+"""Everything the engine resolves once, at start, in this order: the device, the compute
+and KV cache dtypes (which depend on the device), the model on the device, the ops
+backend, the KV cache's size and the cache itself.
+
+Each choice is logged with its reason and kept in `EngineSetup`, which the engine and
+`shoal nodes` read; the step scheduler (`engine.py`: queues, KV blocks, preemption)
+knows none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from shoal.nodes.worker.block_manager import BlockManager
+from shoal.nodes.worker.device_choice import DeviceChoice, choose_device, device_label
+from shoal.nodes.worker.dtype_choice import DtypeChoice, choose_dtype, choose_kv_cache_dtype
+from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig
+from shoal.nodes.worker.kv_cache import KVCache, bytes_per_token
+from shoal.nodes.worker.kv_cache_size import PREFAULT_BYTES, choose_kv_cache_bytes
+from shoal.nodes.worker.models.loader import load_decoder, parse_dtype
+from shoal.nodes.worker.ops_backend import choose_ops
+
+log = logging.getLogger(__name__)
+
+# The largest step a GPU's KV sizing leaves room for when the budget is not set: the
+# calibration's largest budget probe (`calibration.PROBE_BUDGETS`).
+PROFILE_TOKENS = 4096
+
+
+@dataclass
+class EngineSetup:
+    config: EngineConfig  # with the dtypes resolved and a step budget (the default until calibrated)
+    device: DeviceChoice
+    device_label: str  # the CPU's or GPU's model, for logs and the calibration's key
+    dtype_choice: DtypeChoice
+    kv_dtype_choice: DtypeChoice
+    model: torch.nn.Module
+    fingerprint: str
+    streamer: object  # `WeightStreamer` when the device cannot hold every layer, else None
+    packed_linears: int
+    ops: object  # the ops backend, or None for the reference forward
+    ops_reason: str
+    cache: KVCache
+    blocks: BlockManager
+    kv_cache_reason: str
+    auto_budget: bool  # the budget is the default, for the calibration to replace
+    budget_reason: str
+
+
+def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
+    device = choose_device(config.device)
+    label = device_label(device.name)
+    log.info("[device] %s, %s: %s", device.name, label, device.reason)
+    dtype_choice = choose_dtype(config.dtype, model_dir, on_gpu=device.is_gpu)
+    if config.dtype == "auto":
+        log.info("[dtype] %s: %s", dtype_choice.name, dtype_choice.reason)
+    kv_dtype_choice = choose_kv_cache_dtype(config.kv_cache_dtype, config.dtype, dtype_choice, model_dir)
+    auto_budget = config.max_num_batched_tokens is None
+    # Calibration and stats name what runs; the budget is the default until a calibration says otherwise.
+    config = replace(config, device=device.name, dtype=dtype_choice.name, kv_cache_dtype=kv_dtype_choice.name,
+                     max_num_batched_tokens=DEFAULT_BUDGET if auto_budget else config.max_num_batched_tokens)
+    model, fingerprint = load_decoder(model_dir, config.dtype, device.name)
+    streamer = None
+    if config.device_memory:
+        from shoal.nodes.worker.weight_streamer import WeightStreamer, nbytes
+
+        if nbytes(model) > config.device_memory:
+            streamer = model.streamer = WeightStreamer(model, config.device_memory)
+    packed = 0
+    if config.packed_linears and not device.is_gpu:  # oneDNN's blocked layout is a CPU layout
+        from shoal.nodes.worker.models.packed_linear import pack_linears
+
+        packed = pack_linears(model, skip=tuple(model.layers[i] for i in streamer.streamed) if streamer else ())
+    ops, ops_reason = choose_ops(config.attention, torch.device(device.name), model.cfg.head_dim)
+    log.info("[attention] %s: %s", ops.name if ops is not None else "sdpa", ops_reason)
+    kv_dtype = parse_dtype(config.kv_cache_dtype)
+    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device)
+    blocks = BlockManager(num_blocks, config.block_size)
+    cache = KVCache(model.cfg, num_blocks, config.block_size, kv_dtype,
+                    prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0, device=device.name)
+    log.info("[kv-cache] %.2f GiB, %d blocks of %d tokens: %s", cache.nbytes / 2**30, num_blocks, config.block_size,
+             kv_reason)
+    log.info("[kv-cache] %s: %s", config.kv_cache_dtype, kv_dtype_choice.reason)
+    return EngineSetup(config, device, label, dtype_choice, kv_dtype_choice, model, fingerprint, streamer, packed,
+                       ops, ops_reason, cache, blocks, kv_reason, auto_budget,
+                       "no device calibration: the default" if auto_budget else "set by the user")
+
+
+def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, device: DeviceChoice) -> tuple[int, str]:
+    """How many blocks the cache has, and why: `num_blocks` as set, else `kv_cache_bytes`
+    as set, else on a GPU what its memory leaves (`gpu_memory.py`) and on a CPU a share of
+    the host's (`kv_cache_size.py`); never more than max_num_seqs full contexts can use
+    (a tiny model does not get, and zero, gigabytes of cache it cannot fill)."""
+    if config.num_blocks:
+        return config.num_blocks, "num_blocks as set"
+    useful = config.max_num_seqs * model.cfg.max_position_embeddings // config.block_size + 1
+    if device.is_gpu and config.kv_cache_bytes is None:
+        from shoal.nodes.worker.gpu_memory import size_on_gpu
+
+        tokens = max(PROFILE_TOKENS, config.max_num_batched_tokens)
+        kv_bytes, reason = size_on_gpu(model, kv_dtype, ops, tokens, config.max_num_seqs, config.block_size,
+                                       config.gpu_memory_utilization)
+    else:
+        kv_bytes, reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
+    fits = kv_bytes // (bytes_per_token(model.cfg, kv_dtype) * config.block_size)
+    if useful < fits:
+        reason += f"; capped at what {config.max_num_seqs} full contexts can use"
+    return max(1, min(useful, fits)), reason

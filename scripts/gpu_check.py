@@ -1,0 +1,401 @@
+"""One prepared check of Shoal on a GPU: correctness against transformers on the same
+GPU, seeded sampling against the CPU engine, W1-GPU in-process and through a local
+cluster, W2-GPU short form, the calibration it fitted and the attention backend that
+ran. Prints one line per figure and writes every figure to one JSON file (after each
+section, so a run cut short keeps what it measured). docs/gpu.md says how to carry the
+wheels a bare GPU machine lacks and the one command that runs this.
+
+    python scripts/gpu_check.py                    # on a GPU host: the whole check (~6 min on an H100)
+    python scripts/gpu_check.py --only w1,w2       # some sections
+    python scripts/gpu_check.py                    # without CUDA: a dry run at tiny shapes on the CPU
+
+Sections: env, limits (the device-to-device copy rate and a large bf16 matmul's rate,
+measured in the same run), greedy_fp32 / greedy_bf16 (Shoal's tokens against
+transformers' `generate` on the same GPU and weights, by the shared comparator; fp32
+with TF32 off), sampling (seeded top-p sampling on the GPU against the CPU engine, by
+the comparator's draw rule), w1 (W1-GPU in-process: the `qwen3-1.7b` preset in bf16,
+1,024 sequences, prompts and outputs in [128, 256], greedy, EOS ignored; total tokens/s,
+decode steps' bytes read per second against the copy rate, prefill's FLOP/s against the
+matmul rate, the calibration), transformers (the same work with `generate`, bf16, SDPA,
+static batches of 64 with left padding, on the first `--hf-sequences`), w1_cluster (the
+same job through a local cluster on the same GPU) and w2 (MiniLM- and bge-base-shaped
+encoders against sentence-transformers in fp16).
+
+Without CUDA every section runs at tiny shapes on the CPU, to show the script works:
+its figures mean nothing. The exit code is 1 only when a section failed (a wrong token,
+an exception), never for a section skipped for lack of a package or a device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from workloads import GenerationWork, job_items, vocabulary_words, w1, w2_texts  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+
+
+def sync() -> None:
+    if GPU:
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeats: int) -> float:
+    """Seconds per call, after one warm-up call."""
+    fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / repeats
+
+
+# -- sections -----------------------------------------------------------------------------
+
+
+def env(args) -> dict:
+    import platform
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "device": torch.cuda.get_device_name(0) if GPU else "cpu (dry run)", "cpu_cores": os.cpu_count(),
+           "dry_run": not GPU}
+    for mod in ("triton", "transformers", "sentence_transformers", "zmq", "orjson", "etcd3", "flashinfer"):
+        spec = importlib.util.find_spec(mod)
+        out[mod] = getattr(__import__(mod), "__version__", "present") if spec else None
+    return out
+
+
+def limits(args) -> dict:
+    """The physical limits the figures are held against, measured in this run."""
+    n = (1 << 31) if GPU else (1 << 26)
+    src = torch.empty(n, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    copy_s = timed(lambda: dst.copy_(src), 10)
+    m = 8192 if GPU else 1024
+    a = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
+    b = torch.randn(m, m, dtype=torch.bfloat16, device=DEVICE)
+    mm_s = timed(lambda: a @ b, 10)
+    return {"copy_bytes_per_s": 2 * n / copy_s, "matmul_flops": 2 * m**3 / mm_s,
+            "line": f"copy {2 * n / copy_s / 1e12:.2f} TB/s (read + written), bf16 matmul {2 * m**3 / mm_s / 1e12:.0f} TFLOP/s"}
+
+
+def small_model(args, dtype: str) -> str:
+    from shoal.nodes.worker.models.make_model import make_model
+
+    path = Path(args.work) / f"small-{dtype}"
+    if not (path / "config.json").exists():
+        make_model(path, preset="small" if GPU else "tiny", dtype=dtype, tokenizer_text_chars=200_000)
+    return str(path)
+
+
+def greedy(args, dtype: str) -> dict:
+    """Shoal's greedy tokens on the device against transformers' on the same device."""
+    from transformers import AutoModelForCausalLM
+
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.output_compare import BF16_TOL, FP32_TOL, compare_outputs
+    from shoal.sampling import SamplingParams
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = small_model(args, dtype)
+    vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
+    work = w1(vocab, 8, seed=1)
+    prompts = [p[: 16 + 23 * i] for i, p in enumerate(work.prompts)]
+    eng = LLMEngine(model, EngineConfig(device=DEVICE, dtype=dtype, policy="mb", max_num_batched_tokens=2048))
+    outs = eng.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True, return_margins=True))
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    hf = hf.to(DEVICE).eval()
+    hf.generation_config.eos_token_id = None
+    tol = BF16_TOL if dtype == "bfloat16" else FP32_TOL
+    verdicts = []
+    for p, o in zip(prompts, outs):
+        ids = torch.tensor([p], device=DEVICE)
+        with torch.inference_mode():
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                              pad_token_id=0)[0, len(p):].tolist()
+        verdicts.append(compare_outputs(o.token_ids, ref, [o.margins], tol=tol))
+    same = sum(bool(v) for v in verdicts)
+    identical = sum(v.diverged_at is None for v in verdicts)
+    bad = [v.detail for v in verdicts if not v]
+    return {"ok": not bad, "sequences": len(verdicts), "same": same, "identical": identical, "failures": bad,
+            "attention": eng.runner.ops.name if eng.runner.ops else "sdpa",
+            "line": f"{same}/{len(verdicts)} the same output as transformers ({identical} identical), "
+                    f"attention {eng.runner.ops.name if eng.runner.ops else 'sdpa'}, dtype {dtype}"}
+
+
+def sampling(args) -> dict:
+    """Seeded top-p sampling: the device engine's draws against the CPU engine's."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.output_compare import compare_outputs
+    from shoal.sampling import SamplingParams
+
+    model = small_model(args, "float32")
+    vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
+    prompts = [p[:40] for p in w1(vocab, 8, seed=2).prompts]
+    params = SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=7, ignore_eos=True, return_margins=True)
+    runs = {}
+    for side, device, attention in (("device", DEVICE, "auto"), ("cpu", "cpu", "sdpa")):
+        eng = LLMEngine(model, EngineConfig(device=device, dtype="float32", attention=attention, policy="mb"))
+        runs[side] = eng.generate(prompts, params)
+    verdicts = [compare_outputs(a.token_ids, b.token_ids, [a.margins, b.margins], draws=[a.draws, b.draws])
+                for a, b in zip(runs["device"], runs["cpu"])]
+    bad = [v.detail for v in verdicts if not v]
+    same = sum(bool(v) for v in verdicts)
+    return {"ok": not bad, "sequences": len(verdicts), "same": same, "failures": bad,
+            "identical": sum(v.diverged_at is None for v in verdicts),
+            "line": f"{same}/{len(verdicts)} sampled sequences the same output on {DEVICE} and the CPU"}
+
+
+def big_model(args) -> str:
+    from shoal.nodes.worker.models.make_model import make_model
+
+    preset = "qwen3-1.7b" if GPU else "tiny"
+    path = Path(args.work) / preset
+    if not (path / "config.json").exists():
+        t = time.perf_counter()
+        make_model(path, preset=preset, dtype="bfloat16", tokenizer_text_chars=200_000)
+        print(f"  made {path} in {time.perf_counter() - t:.0f} s", flush=True)
+    return str(path)
+
+
+def w1_work(args, model: str) -> GenerationWork:
+    vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
+    work = w1(vocab, args.sequences if GPU else 16)
+    if not GPU:  # the dry run: short outputs
+        work = GenerationWork(work.prompts, [8] * len(work.prompts))
+    return work
+
+
+class StepLog:
+    """Each step's wall time and what it ran, from the engine's own step (which ends by
+    reading the sampled tokens back, so its wall time is the device's)."""
+
+    def __init__(self, eng):
+        self.steps: list[tuple[float, int, int, int, int]] = []  # wall, prefill rows, their attention span, decodes, decode ctx
+        run, step = eng.runner.run, eng.step
+
+        def logged_run(chunks, mask):
+            pre = sum(n for _, n in chunks if n > 1)
+            span = sum(n * (s.num_computed + (n + 1) / 2) for s, n in chunks if n > 1)
+            dec = sum(1 for _, n in chunks if n == 1)
+            ctx = sum(s.num_computed + 1 for s, n in chunks if n == 1)
+            self.current = (pre, int(span), dec, ctx)
+            return run(chunks, mask)
+
+        def logged_step():
+            self.current = None
+            t = time.perf_counter()
+            out = step()
+            if self.current is not None:
+                self.steps.append((time.perf_counter() - t, *self.current))
+            return out
+
+        eng.runner.run, eng.step = logged_run, logged_step
+
+
+def w1_inprocess(args, limits_found: dict) -> dict:
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.nodes.worker.kv_cache import bytes_per_token
+    from shoal.sampling import SamplingParams
+
+    model = big_model(args)
+    work = w1_work(args, model)
+    t = time.perf_counter()
+    eng = LLMEngine(model, EngineConfig(device=DEVICE, policy=args.policy))
+    start_s = time.perf_counter() - t
+    log = StepLog(eng)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
+    t = time.perf_counter()
+    outs = eng.generate(work.prompts, params)
+    wall = time.perf_counter() - t
+    tokens = work.prompt_tokens + sum(len(o.token_ids) for o in outs)
+    cfg = eng.model_cfg
+    weights = sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    matmul_params = sum(p.numel() for n, p in eng.model.named_parameters() if "embed" not in n)
+    if cfg.tie_word_embeddings:
+        matmul_params += eng.model.embed.weight.numel()  # the tied lm_head multiplies too
+    kv_token = bytes_per_token(cfg, eng.cache.layers[0].dtype)
+    decode = [(w, weights + ctx * kv_token) for w, pre, _, dec, ctx in log.steps if pre == 0 and dec >= 128]
+    prefill = [(w, 2 * matmul_params * pre + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * span)
+               for w, pre, span, dec, _ in log.steps if dec == 0 and pre > 0]
+    out = {"wall": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "engine_start_s": start_s,
+           "steps": eng.stats.steps, "attention": eng.runner.ops.name if eng.runner.ops else "sdpa",
+           "attention_reason": eng.setup.ops_reason, "kv_cache": eng.kv_cache_reason,
+           "kv_cache_gib": eng.cache.nbytes / 2**30, "budget": eng.config.max_num_batched_tokens,
+           "budget_reason": eng.budget_reason, "policy": args.policy, "policy_fallback": eng.policy_fallback,
+           "calibration": eng.cost_model.to_dict() if eng.cost_model else None,
+           "time_model": eng.stats.time_model, "time_sample": eng.stats.time_sample, "time_plan": eng.stats.time_plan,
+           "preemptions": eng.stats.preemptions, "decode_steps_128": len(decode), "prefill_steps": len(prefill)}
+    if decode:
+        rates = [b / w for w, b in decode]
+        out["decode_bytes_per_s_median"] = statistics.median(rates)
+        out["decode_share_of_copy_rate"] = statistics.median(rates) / limits_found["copy_bytes_per_s"]
+    if prefill:
+        out["prefill_flops_median"] = statistics.median(f / w for w, f in prefill)
+        out["prefill_share_of_matmul"] = out["prefill_flops_median"] / limits_found["matmul_flops"]
+    out["line"] = (f"{out['tokens_per_s']:,.0f} total tokens/s ({wall:.1f} s, {out['steps']} steps, attention "
+                   f"{out['attention']}); decode >=128 rows at {100 * out.get('decode_share_of_copy_rate', 0):.0f}% "
+                   f"of the copy rate, prefill at {100 * out.get('prefill_share_of_matmul', 0):.0f}% of the matmul rate")
+    return out
+
+
+def transformers_w1(args) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model_dir = big_model(args)
+    work = w1_work(args, model_dir)
+    n = min(args.hf_sequences if GPU else 8, len(work.prompts))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = model.to(DEVICE).eval()
+    model.generation_config.eos_token_id = None
+    t = time.perf_counter()
+    tokens = 0
+    for b in range(0, n, 64):
+        batch, lens = work.prompts[b:min(n, b + 64)], work.output_lens[b:min(n, b + 64)]
+        width = max(map(len, batch))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=DEVICE)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=DEVICE)
+        with torch.inference_mode():
+            model.generate(ids, attention_mask=mask, max_new_tokens=max(lens), do_sample=False, pad_token_id=0)
+        tokens += sum(map(len, batch)) + sum(lens)  # a static batch runs to its longest; asked-for tokens count
+    sync()
+    wall = time.perf_counter() - t
+    return {"sequences": n, "wall": wall, "tokens_per_s": tokens / wall,
+            "line": f"{tokens / wall:,.0f} total tokens/s over the first {n} sequences"}
+
+
+def w1_cluster(args, inprocess: dict | None) -> dict:
+    import shoal
+
+    model = big_model(args)
+    work = w1_work(args, model)
+    with shoal.LocalCluster(model, workers=1, device=DEVICE, policy=args.policy) as cluster:
+        client = shoal.Client(cluster.router)
+        t = time.perf_counter()
+        results = client.submit(job_items(work), params={"ignore_eos": True}).wait()
+        wall = time.perf_counter() - t
+        client.close()
+    failed = [r for r in results if r.get("error")]
+    tokens = work.prompt_tokens + sum(len(r["token_ids"]) for r in results)
+    out = {"ok": not failed, "wall": wall, "tokens_per_s": tokens / wall, "failed": len(failed)}
+    if inprocess:
+        out["cluster_over_inprocess"] = wall / inprocess["wall"]
+    out["line"] = (f"{tokens / wall:,.0f} total tokens/s ({wall:.1f} s)"
+                   + (f", {100 * (out['cluster_over_inprocess'] - 1):+.1f}% over in-process" if inprocess else ""))
+    return out
+
+
+def w2(args) -> dict:
+    """Two encoder shapes over W2-style texts: Shoal's encoder against
+    sentence-transformers, both fp16 on the device (fp32 in the dry run)."""
+    from sentence_transformers import SentenceTransformer
+
+    from shoal.nodes.worker.models.encoder import Encoder
+    from shoal.nodes.worker.models.make_encoder import make_encoder
+
+    texts = None
+    dtype = torch.float16 if GPU else torch.float32
+    out = {}
+    for name, shape in (("minilm", dict(hidden=384, layers=6, heads=12, intermediate=1536)),
+                        ("bge-base", dict(hidden=768, layers=12, heads=12, intermediate=3072))):
+        folder = Path(args.work) / f"encoder-{name}"
+        if not (folder / "config.json").exists():  # a WordPiece tokenizer trained here: nothing to carry
+            make_encoder(folder, None, max_seq_length=256, **shape)
+        texts = texts or w2_texts(vocabulary_words(str(folder)), args.w2_texts if GPU else 200)
+        enc = Encoder(folder, dtype=dtype, device=DEVICE)
+        shoal_s = timed(lambda: enc.encode(texts), 1)
+        mine = enc.encode(texts[:64])
+        st = SentenceTransformer(str(folder), device=DEVICE)
+        if GPU:
+            st = st.half()
+        st_s = timed(lambda: st.encode(texts, batch_size=64, convert_to_tensor=True), 1)
+        theirs = st.encode(texts[:64], batch_size=64, convert_to_tensor=True).float().cpu()
+        cos = torch.nn.functional.cosine_similarity(mine, theirs, dim=-1).min().item()
+        out[name] = {"shoal_texts_per_s": len(texts) / shoal_s, "st_texts_per_s": len(texts) / st_s,
+                     "ratio": st_s / shoal_s, "min_cosine": cos}
+    out["ok"] = all(v["min_cosine"] > 0.99 for v in out.values() if isinstance(v, dict))
+    out["line"] = "; ".join(f"{k} {v['shoal_texts_per_s']:,.0f} texts/s, {v['ratio']:.2f}x sentence-transformers "
+                            f"(cosine >= {v['min_cosine']:.4f})" for k, v in out.items() if isinstance(v, dict))
+    return out
+
+
+# -- the run ------------------------------------------------------------------------------
+
+SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2")
+NEEDS = {"greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
+         "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="gpu_check.json", help="the JSON file of every figure")
+    ap.add_argument("--work", default=".gpu-check", help="where the random-weight models are made")
+    ap.add_argument("--only", default="", help="comma-separated sections (default: all)")
+    ap.add_argument("--sequences", type=int, default=1024, help="W1-GPU's sequences")
+    ap.add_argument("--hf-sequences", type=int, default=256, help="the sequences transformers runs (it is slow)")
+    ap.add_argument("--w2-texts", type=int, default=20_000, help="texts per encoder in W2's short form")
+    ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
+    args = ap.parse_args()
+    only = [s for s in args.only.split(",") if s] or list(SECTIONS)
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    os.environ.setdefault("SHOAL_STATE_DIR", str(Path(args.work).resolve() / "state"))
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    report: dict = {"device": DEVICE, "sections": {}}
+    found: dict = {}
+    runs = {"env": lambda: env(args), "limits": lambda: limits(args), "greedy_fp32": lambda: greedy(args, "float32"),
+            "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
+            "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
+            "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
+            "w2": lambda: w2(args)}
+    failed = False
+    t_all = time.perf_counter()
+    for name in SECTIONS:
+        if name not in only:
+            continue
+        missing = [m for m in NEEDS.get(name, []) if importlib.util.find_spec(m) is None]
+        if missing:
+            result = {"skipped": f"missing {', '.join(missing)} (docs/gpu.md: the wheels to carry)"}
+        else:
+            t = time.perf_counter()
+            try:
+                result = runs[name]()
+            except Exception as e:
+                result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            result["seconds"] = round(time.perf_counter() - t, 1)
+        found[name] = result
+        failed |= result.get("ok", True) is False
+        status = "SKIPPED " + result["skipped"] if "skipped" in result else (
+            "FAILED " + result.get("error", "; ".join(result.get("failures", []))[:500]) if result.get("ok") is False
+            else result.get("line", ""))
+        print(f"[{name}] {status}" + (f" ({result['seconds']} s)" if "seconds" in result else ""), flush=True)
+        if name == "env":
+            print("  " + ", ".join(f"{k} {v}" for k, v in result.items() if k != "seconds"), flush=True)
+        report["sections"][name] = result
+        report["total_seconds"] = round(time.perf_counter() - t_all, 1)
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+    if not GPU:
+        print("no CUDA here: a dry run at tiny shapes on the CPU; its figures mean nothing")
+    print(f"wrote {args.out} ({report['total_seconds']} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Which device a worker computes on, and which GPU each worker of a host sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.gpu_assignment import host_gpus, wants_gpu, worker_gpu_env
+from shoal.nodes.worker.device_choice import DeviceError, check_device_name, choose_device
+
+
+def test_auto_takes_the_gpu_where_torch_sees_one():
+    gpu = choose_device("auto", cuda_count=2)
+    assert gpu.name == "cuda:0" and gpu.is_gpu and "2 GPU(s)" in gpu.reason
+    cpu = choose_device("auto", cuda_count=0)
+    assert cpu.name == "cpu" and not cpu.is_gpu and "no GPU" in cpu.reason
+
+
+def test_a_named_device_is_taken_or_refused_with_the_reason():
+    assert choose_device("cpu", cuda_count=4).name == "cpu"
+    assert choose_device("cuda", cuda_count=1).name == "cuda:0"
+    assert choose_device("cuda:1", cuda_count=2).name == "cuda:1"
+    with pytest.raises(DeviceError, match="sees 2 GPU"):
+        choose_device("cuda:2", cuda_count=2)
+    with pytest.raises(DeviceError, match="CPU build"):
+        choose_device("cuda", cuda_count=0)
+    for bad in ("gpu", "cuda:x", "cuda:", "tpu:0"):
+        with pytest.raises(DeviceError, match="unknown device"):
+            check_device_name(bad)
+
+
+def test_each_worker_sees_one_gpu_round_robin(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    gpus = host_gpus()
+    assert gpus == ["2", "5", "7"]
+    assert [worker_gpu_env(i, gpus)["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["2", "5", "7", "2"]
+    assert worker_gpu_env(0, []) == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # set but empty: no GPU
+    assert host_gpus() == []
+    assert wants_gpu("auto") and wants_gpu("cuda") and not wants_gpu("cpu") and not wants_gpu("cuda:1")

@@ -1,0 +1,29 @@
+"""The KV cache's size on a GPU from the device's figures and a profiled step."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.nodes.worker.gpu_memory import gpu_kv_cache_bytes
+
+GiB = 2**30
+
+
+def test_the_cache_takes_what_the_weights_and_a_step_leave():
+    # 80 GiB device, 4 GiB in use (weights + context), a step's peak 2 GiB, 90%.
+    size, why = gpu_kv_cache_bytes(80 * GiB, 76 * GiB, 2 * GiB, 0.9)
+    assert size == int(80 * GiB * 0.9) - 4 * GiB - 2 * GiB
+    assert "90%" in why and "4.00 GiB in use" in why
+
+
+def test_other_processes_on_the_device_count_against_it():
+    alone, _ = gpu_kv_cache_bytes(80 * GiB, 76 * GiB, 2 * GiB, 0.9)
+    shared, _ = gpu_kv_cache_bytes(80 * GiB, 56 * GiB, 2 * GiB, 0.9)
+    assert alone - shared == 20 * GiB
+
+
+def test_no_room_is_an_error_naming_the_figures():
+    with pytest.raises(ValueError, match="no room for a KV cache.*--gpu-memory-utilization"):
+        gpu_kv_cache_bytes(16 * GiB, 2 * GiB, 1 * GiB, 0.9)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        gpu_kv_cache_bytes(16 * GiB, 16 * GiB, 0, 1.5)
