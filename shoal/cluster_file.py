@@ -6,6 +6,8 @@
     state_dir = "/var/lib/shoal"     # per host: <state_dir>/<host name>/
     dtype = "bfloat16"               # optional, workers' dtype (default auto: the checkpoint's
                                      # where the device computes it natively, else float32)
+    device = "auto"                  # optional, workers' device: auto (a GPU where torch sees
+                                     # one), cpu, cuda or cuda:N
     curve_keys = "/etc/shoal/keys"   # CURVE-encrypt and authenticate every connection (same
                                      # keys on every host). Hosts with a non-loopback address need
                                      # keys: by default <state_dir>/keys, made by the cluster-up of
@@ -25,7 +27,9 @@
     name = "gpu-1"
     address = "10.0.0.2"
     roles = ["worker"]
-    workers = 8                      # worker processes on this host (one per accelerator)
+    gpus = [0, 1, 2, 3]              # optional: the GPUs its workers use (default: all it has)
+    workers = 4                      # optional: worker processes (default: one per GPU, else 1);
+                                     # worker i sees GPU gpus[i mod len(gpus)] alone
 
 Every node binds a free port on its host's address and publishes it in etcd, so no
 port needs to be written down; the router's address is printed and written to
@@ -50,7 +54,8 @@ class Host:
     name: str
     address: str
     roles: tuple[str, ...]
-    workers: int = 1
+    workers: int | None = None  # None: one per GPU (`cluster_up.worker_envs`), else 1
+    gpus: tuple[str, ...] | None = None  # None: every GPU the host has at cluster-up
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class ClusterFile:
     insecure: bool = False
     data_roots: tuple[str, ...] = ()
     allow_programs: tuple[str, ...] = ()
+    device: str = "auto"
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -100,7 +106,14 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
         bad = [r for r in roles if r not in ROLES]
         if bad:
             raise ClusterFileError(f"{path}: {where} has unknown role {bad[0]!r} (roles: {', '.join(ROLES)})")
-        hosts.append(Host(need(h, "name", where), need(h, "address", where), roles, int(h.get("workers", 1))))
+        gpus = h.get("gpus")
+        if gpus is not None and (not isinstance(gpus, list) or not all(isinstance(g, int) and g >= 0 for g in gpus)):
+            raise ClusterFileError(f"{path}: {where}.gpus must be a list of GPU indices (0, 1, ...)")
+        workers = h.get("workers")
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise ClusterFileError(f"{path}: {where}.workers must be a positive number")
+        hosts.append(Host(need(h, "name", where), need(h, "address", where), roles, workers,
+                          None if gpus is None else tuple(str(g) for g in gpus)))
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise ClusterFileError(f"{path}: host names must be unique")
@@ -108,8 +121,14 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
         if not any(role in h.roles for h in hosts):
             raise ClusterFileError(f"{path}: no host runs a {role}")
     etcd = need(raw, "etcd", "the file")
+    from shoal.nodes.worker.device_choice import DeviceError, check_device_name
+
+    try:
+        device = check_device_name(str(raw.get("device", "auto")))
+    except DeviceError as e:
+        raise ClusterFileError(f"{path}: {e}") from None
     return ClusterFile(need(raw, "cluster", "the file"), tuple([etcd] if isinstance(etcd, str) else etcd),
                        need(raw, "model", "the file"), Path(need(raw, "state_dir", "the file")),
                        raw.get("dtype", "auto"), tuple(hosts),
                        Path(raw["curve_keys"]) if raw.get("curve_keys") else None, bool(raw.get("insecure", False)),
-                       strings(raw, "data_roots"), strings(raw, "allow_programs"))
+                       strings(raw, "data_roots"), strings(raw, "allow_programs"), device)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from shoal.cluster_file import ClusterFile
+from shoal.gpu_assignment import host_gpus, wants_gpu, worker_gpu_env
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
 from shoal.node_process import spawn_node, terminate_pids
 
@@ -26,9 +27,10 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
         env = {"SHOAL_CURVE_KEYS": str(keys)}
         started["keys"] = str(keys)
     order = [r for r in ("storage", "scheduler", "worker", "router") if r in host.roles]
+    envs = worker_envs(host, cf.device, host_gpus) if "worker" in host.roles else []
     try:
         for role in order:
-            count = host.workers if role == "worker" else 1
+            count = len(envs) if role == "worker" else 1
             for i in range(count):
                 name = f"{role}-{host.name}-{i}"
                 args = [*common, "--node-id", name]
@@ -38,9 +40,12 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                     args += [f"--data-root={r}" for r in cf.data_roots]
                 if role == "worker":
                     # the host's workers share the memory the KV caches default to
-                    args += ["--model", cf.model, "--dtype", cf.dtype, f"--kv-cache-share={DEFAULT_SHARE / count:.4g}"]
+                    args += ["--model", cf.model, "--dtype", cf.dtype, "--device", cf.device,
+                             f"--kv-cache-share={DEFAULT_SHARE / count:.4g}"]
                     args += [f"--allow-programs={p}" for p in cf.allow_programs]
-                proc, address = spawn_node(role, name, args, home / "logs", env, beside_workers="worker" in host.roles)
+                node_env = {**(env or {}), **envs[i]} if role == "worker" and envs[i] else env
+                proc, address = spawn_node(role, name, args, home / "logs", node_env,
+                                           beside_workers="worker" in host.roles)
                 started["pids"].append(proc.pid)
                 started["addresses"][name] = address
                 if role == "router":
@@ -50,6 +55,15 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
         raise
     pidfile.write_text(json.dumps(started))
     return started
+
+
+def worker_envs(host, device: str, detect=host_gpus) -> list[dict]:
+    """One environment per worker of `host`: each sees one GPU of the host's (its `gpus`,
+    else every GPU `detect` finds), round robin; as many workers as the host sets, else
+    one per GPU, else one on the CPU."""
+    gpus = (list(host.gpus) if host.gpus is not None else detect()) if wants_gpu(device) else []
+    count = host.workers if host.workers is not None else max(1, len(gpus))
+    return [worker_gpu_env(i, gpus) for i in range(count)]
 
 
 def cluster_keys(cf: ClusterFile, host) -> Path | None:

@@ -37,3 +37,29 @@ def test_each_worker_sees_one_gpu_round_robin(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # set but empty: no GPU
     assert host_gpus() == []
     assert wants_gpu("auto") and wants_gpu("cuda") and not wants_gpu("cpu") and not wants_gpu("cuda:1")
+
+
+def test_a_cluster_files_hosts_run_one_worker_per_gpu(tmp_path):
+    from shoal.cluster_file import ClusterFileError, load_cluster_file
+    from shoal.cluster_up import worker_envs
+
+    head = 'cluster = "c"\netcd = "a:1"\nmodel = "m"\nstate_dir = "/tmp"\n{device}\n' \
+           '[[hosts]]\nname = "head"\naddress = "1"\nroles = ["router", "scheduler", "storage"]\n'
+    path = tmp_path / "cluster.toml"
+    path.write_text(head.format(device="") + '[[hosts]]\nname = "g"\naddress = "2"\nroles = ["worker"]\ngpus = [1, 3]\n'
+                    '[[hosts]]\nname = "h"\naddress = "3"\nroles = ["worker"]\nworkers = 3\n')
+    cf = load_cluster_file(path)
+    assert cf.device == "auto"
+    # gpus named: one worker each; none named: one per GPU the host has, or as many as it sets.
+    assert worker_envs(cf.host("g"), cf.device, lambda: ["0"]) == [{"CUDA_VISIBLE_DEVICES": "1"},
+                                                                   {"CUDA_VISIBLE_DEVICES": "3"}]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in worker_envs(cf.host("h"), cf.device, lambda: ["0", "1"])] == ["0", "1", "0"]
+    assert worker_envs(cf.host("h"), "cpu", lambda: ["0", "1"]) == [{}, {}, {}]
+    no_gpu = cf.host("h").__class__("x", "4", ("worker",))
+    assert worker_envs(no_gpu, cf.device, lambda: []) == [{}]
+    path.write_text(head.format(device='device = "tpu"') + '[[hosts]]\nname = "g"\naddress = "2"\nroles = ["worker"]\n')
+    with pytest.raises(ClusterFileError, match="unknown device 'tpu'"):
+        load_cluster_file(path)
+    path.write_text(head.format(device="") + '[[hosts]]\nname = "g"\naddress = "2"\nroles = ["worker"]\ngpus = ["a"]\n')
+    with pytest.raises(ClusterFileError, match="gpus must be a list of GPU indices"):
+        load_cluster_file(path)
