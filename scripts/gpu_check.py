@@ -54,6 +54,16 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def release() -> None:
+    """Gives back what a finished section held on the device: the next section (a cluster's
+    worker above all, another process) sizes its KV cache from the memory left free."""
+    import gc
+
+    gc.collect()  # engines hold reference cycles (the step log wraps their methods)
+    if GPU:
+        torch.cuda.empty_cache()
+
+
 def timed(fn, repeats: int) -> float:
     """Seconds per call, after one warm-up call."""
     fn()
@@ -134,7 +144,7 @@ def greedy(args, dtype: str) -> dict:
     identical = sum(v.diverged_at is None for v in verdicts)
     bad = [v.detail for v in verdicts if not v]
     return {"ok": not bad, "sequences": len(verdicts), "same": same, "identical": identical, "failures": bad,
-            "attention": eng.runner.ops.name if eng.runner.ops else "sdpa",
+            "attention": eng.runner.ops.name if eng.runner.ops else "sdpa", "graphs": eng.setup.graphs_reason,
             "line": f"{same}/{len(verdicts)} the same output as transformers ({identical} identical), "
                     f"attention {eng.runner.ops.name if eng.runner.ops else 'sdpa'}, dtype {dtype}"}
 
@@ -236,7 +246,7 @@ def w1_inprocess(args, limits_found: dict) -> dict:
                for w, pre, span, dec, _ in log.steps if dec == 0 and pre > 0]
     out = {"wall": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "engine_start_s": start_s,
            "steps": eng.stats.steps, "attention": eng.runner.ops.name if eng.runner.ops else "sdpa",
-           "attention_reason": eng.setup.ops_reason, "kv_cache": eng.kv_cache_reason,
+           "attention_reason": eng.setup.ops_reason, "graphs": eng.setup.graphs_reason, "kv_cache": eng.kv_cache_reason,
            "kv_cache_gib": eng.cache.nbytes / 2**30, "budget": eng.config.max_num_batched_tokens,
            "budget_reason": eng.budget_reason, "policy": args.policy, "policy_fallback": eng.policy_fallback,
            "calibration": eng.cost_model.to_dict() if eng.cost_model else None,
@@ -380,6 +390,7 @@ def main() -> int:
             except Exception as e:
                 result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             result["seconds"] = round(time.perf_counter() - t, 1)
+            release()
         found[name] = result
         failed |= result.get("ok", True) is False
         status = "SKIPPED " + result["skipped"] if "skipped" in result else (

@@ -105,15 +105,30 @@ def _prompt(r: random.Random, engine, n: int) -> list[int]:
     return [r.randrange(engine.model_cfg.vocab_size - 1) for _ in range(n)]
 
 
-# Grids where the linear step-time model holds on a CPU: below ~16 sequences a decode
-# step is bound by reading the weights and its time is flat, which bends a line fit.
-def calibrate(engine, prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(16, 32, 48, 64, 96, 128),
-              decode_context=128, mb_shares=(0.2, 0.5, 0.8, 0.95), mb_tokens=2048, repeats=4,
-              progress=None) -> CostModel:
-    """Measures this engine's model on this device. The engine must be idle; it is left
-    idle, with its own planner restored."""
+# Grids where the linear step-time model holds. On a CPU: below ~16 sequences a decode
+# step is bound by reading the weights and its time is flat, which bends a line fit. On a
+# GPU a step of a few hundred tokens is bound by launches and weight reads, not compute:
+# prefill is fitted where it computes (256-4,096 tokens), decode over the batches a GPU
+# runs (up to 256), with contexts long enough that their KV reads count beside the weights.
+CPU_GRIDS = dict(prefill_lengths=(64, 128, 256, 384, 512), decode_batches=(16, 32, 48, 64, 96, 128),
+                 decode_context=128, mb_tokens=2048)
+GPU_GRIDS = dict(prefill_lengths=(256, 512, 1024, 2048, 4096), decode_batches=(32, 64, 96, 128, 192, 256),
+                 decode_context=256, mb_tokens=8192)
+
+
+def calibrate(engine, prefill_lengths=None, decode_batches=None, decode_context=None,
+              mb_shares=(0.2, 0.5, 0.8, 0.95), mb_tokens=None, repeats=4, progress=None) -> CostModel:
+    """Measures this engine's model on this device (the grids not given: the device's,
+    CPU_GRIDS or GPU_GRIDS). Each step is timed to its end, which on a GPU is the read
+    of its sampled tokens: the device's time. The engine must be idle; it is left idle,
+    with its own planner restored."""
     if engine.has_unfinished():
         raise RuntimeError("calibrate needs an idle engine")
+    grids = GPU_GRIDS if str(engine.config.device).startswith("cuda") else CPU_GRIDS
+    prefill_lengths = prefill_lengths or grids["prefill_lengths"]
+    decode_batches = decode_batches or grids["decode_batches"]
+    decode_context = decode_context or grids["decode_context"]
+    mb_tokens = mb_tokens or grids["mb_tokens"]
     r = random.Random(1234)  # calibration texts of its own, never the job's
     # Keep every probe inside what this engine can hold.
     limit = min(engine.max_total_tokens, engine.model_cfg.max_position_embeddings) - 2

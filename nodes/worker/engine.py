@@ -54,7 +54,8 @@ class LLMEngine:
         self.budget_reason, auto_budget = setup.budget_reason, setup.auto_budget
         config = self.config
         self.tokenizer = TextTokenizer(model_dir)
-        self.runner = ModelRunner(self.model, self.cache, setup.ops, sdpa_prefill_work=config.sdpa_prefill_work)
+        self.runner = ModelRunner(self.model, self.cache, setup.ops, sdpa_prefill_work=config.sdpa_prefill_work,
+                                  graphs=setup.graphs)
         self.clock = StepClock(self.device)
         self.model.pad_rows = config.pad_rows if config.pad_rows is not None else self._rows_pad_free()
         if self.model.pad_rows and setup.ops is not None:
@@ -127,7 +128,8 @@ class LLMEngine:
                 "device": self.config.device, "device_label": self.setup.device_label,
                 "device_reason": self.setup.device.reason,
                 "attention": self.runner.ops.name if self.runner.ops is not None else "sdpa",
-                "attention_reason": self.setup.ops_reason, "pad_rows": self.model.pad_rows,
+                "attention_reason": self.setup.ops_reason, "graphs": self.setup.graphs_reason,
+                "pad_rows": self.model.pad_rows,
                 "packed_linears": self.packed_linears,
                 "weight_streaming": {**self.streamer.summary(), "sizing": self.fetch_sizing} if self.streamer else None}
 
@@ -321,8 +323,10 @@ class LLMEngine:
             size = self.cache.bytes_for(seq.num_computed)
             if self.offloaded_bytes + size <= self.config.offload_bytes:
                 kv = self.cache.read(seq.block_table, seq.num_computed)
-                # On a GPU the host copy is pinned, so it goes back by DMA.
-                seq.host_kv = kv.to("cpu").pin_memory() if kv.is_cuda else kv
+                if kv.is_cuda:  # into pinned host memory, so it goes back by DMA without waiting
+                    seq.host_kv = torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True).copy_(kv)
+                else:
+                    seq.host_kv = kv
                 self.offloaded_bytes += size
                 self.stats.offloads += 1
         self.running.remove(seq)

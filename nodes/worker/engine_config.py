@@ -68,6 +68,9 @@ class EngineConfig:
     # rest (`models/row_buckets.py`): oneDNN then compiles a kernel per size, not per
     # step. None: where it is free (packed bf16 linears on a CPU with AMX).
     pad_rows: bool | None = None
+    # On a GPU, decode steps replay CUDA graphs captured per padded batch size
+    # (`decode_graphs.py`); True: every step runs eagerly.
+    enforce_eager: bool = False
     # Bytes of weights the device may hold (0: all of them). Less streams the layers that
     # do not fit from host memory (`weight_streamer.py`).
     device_memory: int = 0

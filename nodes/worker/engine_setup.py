@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from shoal.nodes.worker.block_manager import BlockManager
+from shoal.nodes.worker.decode_graphs import graphs_unsupported
 from shoal.nodes.worker.device_choice import DeviceChoice, choose_device, device_label
 from shoal.nodes.worker.dtype_choice import DtypeChoice, choose_dtype, choose_kv_cache_dtype
 from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig
@@ -47,6 +48,8 @@ class EngineSetup:
     cache: KVCache
     blocks: BlockManager
     kv_cache_reason: str
+    graphs: object  # `DecodeGraphs` for decode steps, or None (eager)
+    graphs_reason: str
     auto_budget: bool  # the budget is the default, for the calibration to replace
     budget_reason: str
 
@@ -80,14 +83,34 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     kv_dtype = parse_dtype(config.kv_cache_dtype)
     num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device)
     blocks = BlockManager(num_blocks, config.block_size)
-    cache = KVCache(model.cfg, num_blocks, config.block_size, kv_dtype,
+    no_graphs = "enforce_eager" if config.enforce_eager else graphs_unsupported(model, ops, torch.device(device.name))
+    # Decode graphs pad their batches with rows that write a scratch block no sequence owns.
+    cache = KVCache(model.cfg, num_blocks + (0 if no_graphs else 1), config.block_size, kv_dtype,
                     prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0, device=device.name)
     log.info("[kv-cache] %.2f GiB, %d blocks of %d tokens: %s", cache.nbytes / 2**30, num_blocks, config.block_size,
              kv_reason)
     log.info("[kv-cache] %s: %s", config.kv_cache_dtype, kv_dtype_choice.reason)
+    graphs, graphs_reason = None, f"eager: {no_graphs}" if no_graphs else ""
+    if not no_graphs:
+        graphs, graphs_reason = capture_graphs(model, cache, ops, config, num_blocks)
     return EngineSetup(config, device, label, dtype_choice, kv_dtype_choice, model, fingerprint, streamer, packed,
-                       ops, ops_reason, cache, blocks, kv_reason, auto_budget,
+                       ops, ops_reason, cache, blocks, kv_reason, graphs, graphs_reason, auto_budget,
                        "no device calibration: the default" if auto_budget else "set by the user")
+
+
+def capture_graphs(model, cache, ops, config: EngineConfig, num_blocks: int):
+    """Decode graphs for up to max_num_seqs sequences, or None where the capture fails
+    (the engine then runs eager, and says why)."""
+    from shoal.nodes.worker.decode_graphs import DecodeGraphs
+
+    longest = min(model.cfg.max_position_embeddings, num_blocks * config.block_size)
+    try:
+        graphs = DecodeGraphs(model, cache, ops, config.max_num_seqs, -(-longest // config.block_size), num_blocks)
+        graphs.capture()
+    except Exception as e:  # a capture refused by this torch or driver: eager still computes the same
+        log.warning("[graphs] capturing decode graphs failed (%s: %s); decode steps run eager", type(e).__name__, e)
+        return None, f"eager: the capture failed ({type(e).__name__}: {e})"
+    return graphs, f"CUDA graphs for decode steps of up to {graphs.sizes[-1]} sequences ({len(graphs.sizes)} sizes)"
 
 
 def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, device: DeviceChoice) -> tuple[int, str]:

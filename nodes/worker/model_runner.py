@@ -27,8 +27,9 @@ from shoal.nodes.worker.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, cache: KVCache, ops=None, sdpa_prefill_work: int = 0):
+    def __init__(self, model: DecoderLM, cache: KVCache, ops=None, sdpa_prefill_work: int = 0, graphs=None):
         self.model = model
+        self.graphs = graphs  # `DecodeGraphs`: decode-only steps replay a captured graph
         self.cache = cache
         self.bs = cache.block_size
         self.device = cache.device
@@ -109,6 +110,9 @@ class ModelRunner:
                 meta.decode_len = L
                 host.update(decode_slots=slots.reshape(-1), decode_mask=valid.view(b, 1, 1, L))
         dev = stage(host, self.device)
+        if (self.graphs is not None and meta.num_decodes == len(chunks) and len(logit_rows) == len(chunks)
+                and self.graphs.size_for(len(chunks)) is not None):
+            return self.graphs.run(dev, len(chunks)), logit_chunks
         for name in ("slot_mapping", "span_rows", "span_lens", "span_ctx", "span_tables", "decode_slots", "decode_mask"):
             if name in dev:
                 setattr(meta, name, dev[name])

@@ -55,6 +55,8 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                          "the KV cache takes what the weights and a profiled worst-case step leave")
     ap.add_argument("--attention", default="auto", choices=["auto", "native", "triton", "torch", "sdpa"],
                     help="the ops backend: auto (native on a CPU, triton on a GPU), or one by name")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="on a GPU, run decode steps eagerly instead of replaying CUDA graphs")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=None,
@@ -121,7 +123,8 @@ def load_decoder(args):
                                                   kv_cache_bytes=args.kv_cache_bytes, kv_cache_share=args.kv_cache_share,
                                                   kv_cache_dtype=args.kv_cache_dtype, device_memory=args.device_memory,
                                                   device=args.device, attention=args.attention,
-                                                  gpu_memory_utilization=args.gpu_memory_utilization))
+                                                  gpu_memory_utilization=args.gpu_memory_utilization,
+                                                  enforce_eager=args.enforce_eager))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:

@@ -214,3 +214,51 @@ def test_backend_choice_follows_the_device():
         assert ops.name == "torch" and "Triton" in why
     finally:
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+def test_decode_steps_in_padded_graph_buffers_give_the_eager_logits(tiny_model):
+    """Decode graphs' buffers and padding (`decode_graphs.py`, replayed eagerly: the CUDA
+    capture itself needs a GPU): steps of 5, then 3, then 1 sequences in buffers of 8, 4
+    and 1 rows give the logits of the same steps run as they are, and the padding rows
+    write only the scratch block."""
+    from shoal.nodes.worker.decode_graphs import DecodeGraphs, graph_sizes
+    from shoal.nodes.worker.kv_cache import KVCache
+    from shoal.nodes.worker.model_runner import ModelRunner
+    from shoal.nodes.worker.models.loader import load_decoder
+    from shoal.nodes.worker.sequence import Sequence
+    from shoal.sampling import SamplingParams
+
+    assert graph_sizes(256)[:5] == [1, 2, 4, 8, 16] and graph_sizes(256)[-1] == 256 and graph_sizes(5) == [1, 2, 4, 5]
+    model, _ = load_decoder(tiny_model, "float32")
+    blocks, bs = 40, 16
+    cache = KVCache(model.cfg, blocks + 1, bs, torch.float32)  # + the scratch block
+    for layer in cache.layers:
+        layer.zero_()
+    ops = TritonOps()
+    eager = ModelRunner(model, cache, ops)
+    graphs = DecodeGraphs(model, cache, ops, max_seqs=8, max_blocks=8, scratch_block=blocks, replay="eager")
+    graphed = ModelRunner(model, cache, ops, graphs=graphs)
+    r = random.Random(4)
+    seqs = []
+    for i, length in enumerate((3, 17, 40, 9, 64)):
+        seq = Sequence(i, [r.randrange(500) for _ in range(length + 1)], SamplingParams())
+        seq.block_table = list(range(8 * i, 8 * i + 5))
+        seqs.append(seq)
+    eager.run([(s, s.num_tokens - 1) for s in seqs], [False] * len(seqs))  # prefill all but the last token
+    for s in seqs:
+        s.num_computed = s.num_tokens - 1
+    for n in (5, 3, 1):
+        step = [(s, 1) for s in seqs[:n]]
+        want, _ = eager.run(step, [True] * n)
+        before = [layer[:, : blocks * bs].clone() for layer in cache.layers]
+        for layer in cache.layers:
+            layer[:, blocks * bs:].zero_()
+        got, rows = graphed.run(step, [True] * n)
+        if graphs.size_for(n) > n:
+            assert cache.layers[0][:, blocks * bs].abs().sum() > 0, "the padding rows did not write the scratch block"
+        assert rows == list(range(n)) and got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-5), f"{n} decodes in a buffer of {graphs.size_for(n)}: logits differ"
+        own = {s.block_table[s.num_computed // bs] * bs + s.num_computed % bs for s, _ in step}
+        for old, layer in zip(before, cache.layers):
+            changed = set((old != layer[:, : blocks * bs]).any(-1).any(-1).any(0).nonzero().flatten().tolist())
+            assert changed <= own, f"padding rows wrote slots {sorted(changed - own)} of the sequences' blocks"
