@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from shoal.nodes.worker.engine_config import EngineConfig, EngineStats, RequestOutput
+from shoal.nodes.worker.host_kv_pool import HostKVPool
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.sampler import sample, uniform
@@ -80,7 +81,8 @@ class LLMEngine:
         # Tests and benchmarks may watch every sampling step's logits: fn(seq_ids, logits).
         self.on_logits = None
         self.cost_model = None
-        self.offloaded_bytes = 0  # host memory held by offloaded KV
+        # Host memory for the KV of preempted sequences (`offload_bytes`), allocated once.
+        self.host_pool = HostKVPool(self.cache, config.offload_bytes) if config.offload_bytes else None
         self.policy_fallback: str | None = None  # why EB/EB+ was refused, if it was
         if planner is not None:
             self.planner = planner
@@ -319,15 +321,9 @@ class LLMEngine:
         """Frees the sequence's blocks. Its KV goes to host memory if there is room
         (`offload_bytes`) and comes back by a copy; otherwise it re-prefills later (its
         full blocks may still sit in the prefix cache, so less is recomputed)."""
-        if seq.num_computed and self.config.offload_bytes:
-            size = self.cache.bytes_for(seq.num_computed)
-            if self.offloaded_bytes + size <= self.config.offload_bytes:
-                kv = self.cache.read(seq.block_table, seq.num_computed)
-                if kv.is_cuda:  # into pinned host memory, so it goes back by DMA without waiting
-                    seq.host_kv = torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True).copy_(kv)
-                else:
-                    seq.host_kv = kv
-                self.offloaded_bytes += size
+        if seq.num_computed and self.host_pool is not None:
+            seq.host_kv = self.host_pool.offload(self.cache, seq.block_table, seq.num_computed)
+            if seq.host_kv is not None:
                 self.stats.offloads += 1
         self.running.remove(seq)
         self.blocks.release(seq.block_table)
@@ -346,6 +342,7 @@ class LLMEngine:
         if need > self.blocks.num_free:
             return False
         blocks = self.blocks.allocate(need)
+        self.host_pool.for_device()  # its copy to the host may still be on the way
         self.cache.write(blocks, kv)
         self._forget_host_kv(seq)
         seq.block_table, seq.num_computed = blocks, kv.shape[2]
@@ -361,8 +358,13 @@ class LLMEngine:
 
     def _forget_host_kv(self, seq: Sequence) -> None:
         if seq.host_kv is not None:
-            self.offloaded_bytes -= self.cache.bytes_for(seq.host_kv.shape[2])
+            self.host_pool.release(seq.host_kv)
             seq.host_kv = None
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Host memory held by offloaded KV."""
+        return self.host_pool.used_bytes if self.host_pool is not None else 0
 
     def _advance(self, seq: Sequence, n: int) -> None:
         bs = self.config.block_size
@@ -458,6 +460,8 @@ class LLMEngine:
             raise RequestError(f"sequence {seq_id!r}: not in this engine")
         kv = None
         if seq.host_kv is not None or (seq.status == SeqStatus.RUNNING and seq.num_computed):
+            if seq.host_kv is not None:
+                self.host_pool.for_host()
             tensors = seq.host_kv if seq.host_kv is not None else self.cache.read(seq.block_table, seq.num_computed).cpu()
             kv = encode_kv(tensors, self.fingerprint)
         state = SequenceState(

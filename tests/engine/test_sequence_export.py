@@ -56,6 +56,34 @@ def test_export_import_continues_identically(tiny_model, params):
     assert dst.stats.prompt_tokens_computed == 0
 
 
+def test_a_sequence_exported_from_the_host_pool_continues_identically(tiny_model):
+    """Preempted sequences' KV in the host pool (`host_kv_pool.py`): one is exported from
+    there and imported elsewhere, another restored by a copy; both finish as if never
+    moved, and the pool's spans are all given back."""
+    params = SamplingParams(max_tokens=30, ignore_eos=True, return_margins=True)
+    ps = prompts(4, seed=2)
+    reference = LLMEngine(tiny_model, EngineConfig()).generate(ps, params)
+    src = LLMEngine(tiny_model, EngineConfig(max_num_batched_tokens=64, offload_bytes=1 << 22))
+    for i, p in enumerate(ps):
+        src.add_request(i, prompt_token_ids=p, params=params)
+    run_until(src, 8)
+    for i in (1, 2):
+        src._preempt(src.seqs[i])
+    assert src.seqs[1].host_kv is not None and src.offloaded_bytes > 0
+    state = src.export_sequence(1, remove=True)
+    assert state.kv is not None and state.num_computed > 0
+    dst = LLMEngine(tiny_model, EngineConfig())
+    dst.import_sequence(SequenceState.from_header(state.header(), bytes(state.kv)))
+    results = {}
+    for eng in (src, dst):
+        while eng.has_unfinished():
+            results.update({o.seq_id: o for o in eng.step()})
+    assert src.stats.restores >= 1 and src.offloaded_bytes == 0 and src.host_pool.spans.free == [(0, src.host_pool.spans.size)]
+    for i in range(4):
+        cmp = compare_outputs(results[i].token_ids, reference[i].token_ids, [reference[i].margins])
+        assert cmp, f"sequence {i}: {cmp.detail}"
+
+
 def test_state_from_another_model_is_refused(tiny_model, tiny_model_other_seed):
     src = LLMEngine(tiny_model, EngineConfig())
     src.add_request("x", prompt_token_ids=[1, 2, 3, 4], params=SamplingParams(max_tokens=10))

@@ -1,0 +1,73 @@
+"""Host memory for the KV of preempted sequences: one arena allocated at start (pinned
+on a GPU host), in which each offloaded sequence takes a contiguous span in the
+canonical layout [layers, 2, tokens, kv_heads, head_dim].
+
+On a GPU a preemption gathers the sequence's blocks on the device and copies them to
+its span on a copy stream of its own, so the steps that follow do not wait for the
+copy; the copy stream first waits for the compute stream (the gather), and whoever
+reads a span waits for the copy stream (`for_device`, `for_host`). Pinned memory lets
+the copies run by DMA and lets the restore's copy back return at once. The arena is
+allocated once: pinning memory per preemption would call the driver each time.
+
+On a CPU the gather writes straight into the span (no second copy), and the arena's
+pages are committed only as spans are first written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shoal.nodes.worker.kv_cache import KVCache
+from shoal.nodes.worker.span_allocator import SpanAllocator
+
+
+class HostKVPool:
+    def __init__(self, cache: KVCache, capacity_bytes: int):
+        layer = cache.layers[0]
+        self.shape = (len(cache.layers), 2, layer.shape[-2], layer.shape[-1])  # per token: [L, 2, ., kvh, d]
+        self.token_elems = 2 * len(cache.layers) * layer.shape[-2] * layer.shape[-1]
+        self.token_bytes = self.token_elems * layer.element_size()
+        tokens = max(0, capacity_bytes // self.token_bytes)
+        self.gpu = cache.device.type == "cuda"
+        self.arena = torch.empty(tokens * self.token_elems, dtype=layer.dtype, pin_memory=self.gpu)
+        self.spans = SpanAllocator(tokens)
+        self.stream = torch.cuda.Stream(cache.device) if self.gpu else None
+
+    @property
+    def used_bytes(self) -> int:
+        return self.spans.used * self.token_bytes
+
+    def offload(self, cache: KVCache, block_table: list[int], num_tokens: int) -> torch.Tensor | None:
+        """The sequence's KV, copied into a span of the arena (a view of it), or None where
+        no free span is that long."""
+        start = self.spans.allocate(num_tokens)
+        if start is None:
+            return None
+        L, two, kvh, d = self.shape
+        view = self.arena[start * self.token_elems:(start + num_tokens) * self.token_elems].view(L, two, num_tokens, kvh, d)
+        slots = cache.slots_of(block_table, 0, num_tokens).to(cache.device)
+        if not self.gpu:
+            for i, layer in enumerate(cache.layers):
+                torch.index_select(layer, 1, slots, out=view[i])
+            return view
+        kv = torch.stack([layer[:, slots] for layer in cache.layers])  # gathered on the compute stream
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            view.copy_(kv, non_blocking=True)
+        kv.record_stream(self.stream)  # its memory is not reused before the copy has read it
+        return view
+
+    def release(self, view: torch.Tensor) -> None:
+        start = (view.storage_offset() - self.arena.storage_offset()) // self.token_elems
+        self.spans.release(start, view.shape[2])
+
+    def for_device(self) -> None:
+        """The compute stream waits for the copies to host before it reads a span (a
+        restore) or a span is reused (the next offload queues after it anyway)."""
+        if self.gpu:
+            torch.cuda.current_stream().wait_stream(self.stream)
+
+    def for_host(self) -> None:
+        """The host waits for the copies before it reads a span (an export)."""
+        if self.gpu:
+            self.stream.synchronize()
