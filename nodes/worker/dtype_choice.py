@@ -90,6 +90,15 @@ def choose_dtype(requested: str, model_dir: str | Path, on_gpu: bool = False, fl
                                   "(weights converted once at load)")
 
 
+def choose_encoder_dtype(requested: str, folder: str | Path, on_gpu: bool = False) -> DtypeChoice:
+    """An encoder's dtype: on a GPU `auto` is float16, as sentence-transformers users run
+    encoders there (vectors within ~1e-3 in cosine of fp32's; `--encoder-dtype float32`
+    keeps fp32); elsewhere as a decoder's."""
+    if requested == "auto" and on_gpu:
+        return DtypeChoice("float16", "auto on a GPU: encoders compute in float16 (--encoder-dtype float32 for fp32)")
+    return choose_dtype(requested, folder, on_gpu=on_gpu)
+
+
 def choose_kv_cache_dtype(requested: str, dtype_requested: str, compute: DtypeChoice, model_dir: str | Path) -> DtypeChoice:
     """The KV cache's dtype for a model computing in `compute.name`, which `--dtype
     dtype_requested` chose."""

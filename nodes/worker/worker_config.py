@@ -138,14 +138,13 @@ def load_encoder(args):
     """The encoder of `--encoder` and its calibrated cost."""
     import torch
 
-    from shoal.nodes.worker.dtype_choice import choose_dtype
+    from shoal.nodes.worker.device_choice import choose_device
+    from shoal.nodes.worker.dtype_choice import choose_encoder_dtype
     from shoal.nodes.worker.encoder_calibration import load_or_calibrate
     from shoal.nodes.worker.models.encoder import Encoder
 
-    from shoal.nodes.worker.device_choice import choose_device
-
     device = choose_device(args.device)
-    choice = choose_dtype(args.encoder_dtype, args.encoder, on_gpu=device.is_gpu)
+    choice = choose_encoder_dtype(args.encoder_dtype, args.encoder, on_gpu=device.is_gpu)
     logging.getLogger(__name__).info("[dtype] encoder %s on %s: %s", choice.name, device.name, choice.reason)
     encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name), device=device.name)
     return encoder, load_or_calibrate(encoder)

@@ -56,3 +56,12 @@ def test_kv_cache_dtype(tmp_path):
     assert kv(b, kv_dtype="float32").name == "float32"
     with pytest.raises(ValueError, match="unknown KV cache dtype 'int8'"):
         kv(b, kv_dtype="int8")
+
+
+def test_an_encoder_on_a_gpu_computes_in_float16_unless_asked(tmp_path):
+    from shoal.nodes.worker.dtype_choice import choose_encoder_dtype
+
+    f = folder(tmp_path, "float32")
+    assert choose_encoder_dtype("auto", f, on_gpu=True).name == "float16"
+    assert choose_encoder_dtype("float32", f, on_gpu=True).name == "float32"
+    assert choose_encoder_dtype("auto", f, on_gpu=False).name == "float32"
