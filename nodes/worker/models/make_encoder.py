@@ -30,6 +30,8 @@ def make_encoder(out: str | Path, tokenizer_from: str | Path | None, hidden: int
     else:
         src = Path(tokenizer_from)
         shutil.copy(src / "tokenizer.json", out / "tokenizer.json")
+        if (src / "tokenizer_config.json").exists():  # how transformers loads it (a trained WordPiece's)
+            shutil.copy(src / "tokenizer_config.json", out / "tokenizer_config.json")
         vocab = json.loads((src / "config.json").read_text())["vocab_size"]
     g = torch.Generator().manual_seed(seed)
 
