@@ -6,8 +6,8 @@ RoPE, K and V into the cache), `attend` (paged attention over the step's spans),
 `silu_mul`, and the sampler's `row_top2` where the backend has one. Three backends:
 
 - `NativeOps`: the CPU's compiled kernels (`kernels/`), the fast path on a CPU;
-- `TritonOps`: the GPU's, paged attention in Triton (`kernels/triton_attention.py`)
-  and the elementwise ops in torch;
+- `TritonOps`: the GPU's, paged attention (`kernels/triton_attention.py`) and the fused
+  elementwise ops (`kernels/triton_fused_ops.py`) in Triton;
 - `TorchOps`: every op in plain torch on whatever device its tensors are on (gather +
   `scaled_dot_product_attention` for attention). It is the fallback where neither of
   the others runs, and the oracle in tests.
@@ -94,9 +94,28 @@ class TorchOps:
 
 
 class TritonOps(TorchOps):
-    """Paged attention in Triton; the elementwise ops in torch."""
+    """Paged attention and the fused elementwise ops in Triton (`kernels/triton_*.py`);
+    a head dim that is no power of two takes torch's qk-norm and RoPE."""
 
     name = "triton"
+
+    def rms_norm(self, x, residual, weight, eps):
+        from shoal.nodes.worker.kernels.triton_fused_ops import rms_norm
+
+        return rms_norm(x, residual, weight, eps)
+
+    def qkv_rope_cache(self, qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, H, KVH, eps):
+        D = cos.shape[1]
+        if D & (D - 1):
+            return super().qkv_rope_cache(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, H, KVH, eps)
+        from shoal.nodes.worker.kernels.triton_fused_ops import qkv_rope_cache
+
+        return qkv_rope_cache(qkv, q_norm, k_norm, cos, sin, positions, slots, k_cache, v_cache, H, KVH, eps)
+
+    def silu_mul(self, gate_up):
+        from shoal.nodes.worker.kernels.triton_fused_ops import silu_mul
+
+        return silu_mul(gate_up)
 
     def attend(self, q, kv_cache, meta, scale, out) -> None:
         from shoal.nodes.worker.kernels.triton_attention import paged_attention

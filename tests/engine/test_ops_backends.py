@@ -262,3 +262,39 @@ def test_decode_steps_in_padded_graph_buffers_give_the_eager_logits(tiny_model):
         for old, layer in zip(before, cache.layers):
             changed = set((old != layer[:, : blocks * bs]).any(-1).any(-1).any(0).nonzero().flatten().tolist())
             assert changed <= own, f"padding rows wrote slots {sorted(changed - own)} of the sequences' blocks"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_elementwise_ops_match_torch(dtype):
+    """RMSNorm with the residual add, qk-norm + RoPE + cache write, and silu * up in
+    Triton (interpreted) against TorchOps: fp32 to rounding, bf16 within one rounding of
+    a value (summation order)."""
+    from shoal.nodes.worker.models.layers import RotaryEmbedding
+
+    g = torch.Generator().manual_seed(0)
+    ref, tri = TorchOps(), TritonOps()
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    x = torch.randn(7, 96, generator=g).to(dtype)  # a hidden size that is no power of two
+    res = torch.randn(7, 96, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
+    r1, r2 = res.clone(), res.clone()
+    assert torch.allclose(ref.rms_norm(x, r1, w, 1e-6).float(), tri.rms_norm(x, r2, w, 1e-6).float(), **tol)
+    assert torch.allclose(r1.float(), r2.float(), **tol), "the residual stream was not updated the same"
+    assert torch.allclose(ref.rms_norm(x, x.new_empty(0), w, 1e-6).float(),
+                          tri.rms_norm(x, x.new_empty(0), w, 1e-6).float(), **tol)
+    gu = torch.randn(5, 2 * 80, generator=g).to(dtype)
+    assert torch.allclose(ref.silu_mul(gu).float(), tri.silu_mul(gu).float(), **tol)
+    H, KVH, D, T = 4, 2, 16, 6
+    rope = RotaryEmbedding(D, 64, 10000.0)
+    qkv = torch.randn(T + 2, (H + 2 * KVH) * D, generator=g).to(dtype)  # padding rows after the step's T
+    qn, kn = (1 + 0.1 * torch.randn(D, generator=g)).to(dtype), (1 + 0.1 * torch.randn(D, generator=g)).to(dtype)
+    positions, slots = torch.tensor([0, 5, 9, 31, 63, 2]), torch.tensor([3, 17, 4, 30, 8, 11])
+    for norm in (True, False):
+        caches = [torch.zeros(32, KVH, D, dtype=dtype) for _ in range(4)]
+        args = (qn, kn) if norm else (qkv.new_empty(0), qkv.new_empty(0))
+        q1 = ref.qkv_rope_cache(qkv, *args, rope.cos, rope.sin, positions, slots, caches[0], caches[1], H, KVH, 1e-6)
+        q2 = tri.qkv_rope_cache(qkv, *args, rope.cos, rope.sin, positions, slots, caches[2], caches[3], H, KVH, 1e-6)
+        assert torch.allclose(q1.float(), q2.float(), **tol), f"queries differ (qk-norm {norm})"
+        assert torch.allclose(caches[0].float(), caches[2].float(), **tol), f"keys differ (qk-norm {norm})"
+        assert torch.equal(caches[1], caches[3]), "values are copied as they are"
+        assert caches[2].abs().sum() > 0 and caches[2][0].abs().sum() == 0, "keys went to other slots"
