@@ -1,0 +1,32 @@
+"""The profiled step that sizes a GPU's KV cache (`gpu_memory.size_on_gpu`), run on the
+CPU: torch's CUDA memory calls answer from given figures, so the step itself (its
+sequences, block tables, model forward and sampling) runs as it will on a GPU, and the
+sizing takes the figures it is given."""
+
+from __future__ import annotations
+
+import torch
+
+from shoal.nodes.worker import gpu_memory, sampler
+from shoal.nodes.worker.ops_backend import TorchOps
+
+GiB = 2**30
+
+
+def test_the_profiled_step_runs_and_sizes_the_cache(tiny_model, monkeypatch):
+    from shoal.nodes.worker.models.loader import load_decoder
+
+    model, _ = load_decoder(tiny_model, "float32")
+    sampled, calls = [], []
+    real = sampler.sample
+    monkeypatch.setattr(sampler, "sample", lambda logits, *a: sampled.append(tuple(logits.shape)) or real(logits, *a))
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, name=name: calls.append(name))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 1 * GiB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 4 * GiB)  # the step's peak: 3 GiB more
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (70 * GiB, 80 * GiB))
+    size, why = gpu_memory.size_on_gpu(model, torch.float32, TorchOps(), tokens=256, rows=8, block_size=16,
+                                       utilization=0.9)
+    assert sampled == [(8, model.cfg.vocab_size)], "the profiled step did not sample one row per sequence"
+    assert calls.count("reset_peak_memory_stats") == 1 and "empty_cache" in calls
+    assert size == int(80 * GiB * 0.9) - 10 * GiB - 3 * GiB and "--gpu-memory-utilization" in why
