@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 log = logging.getLogger(__name__)
 
 DEFAULT_UTILIZATION = 0.9
@@ -42,10 +40,12 @@ def gpu_kv_cache_bytes(total: int, free: int, step_peak: int, utilization: float
     return size, why
 
 
-def profile_step(model, kv_dtype: torch.dtype, ops, tokens: int, rows: int, block_size: int) -> int:
+def profile_step(model, kv_dtype, ops, tokens: int, rows: int, block_size: int) -> int:
     """Bytes a step of `tokens` prompt tokens with `rows` sampled rows allocates beyond
     what the device holds before it (its activations, logits and the sampler's
     temporaries), measured by running one on a small cache of its own."""
+    import torch
+
     from shoal.nodes.worker.kv_cache import KVCache
     from shoal.nodes.worker.model_runner import ModelRunner
     from shoal.nodes.worker.sampler import sample
@@ -78,9 +78,11 @@ def profile_step(model, kv_dtype: torch.dtype, ops, tokens: int, rows: int, bloc
     return peak
 
 
-def size_on_gpu(model, kv_dtype: torch.dtype, ops, tokens: int, rows: int, block_size: int,
+def size_on_gpu(model, kv_dtype, ops, tokens: int, rows: int, block_size: int,
                 utilization: float) -> tuple[int, str]:
     """`gpu_kv_cache_bytes` from the device's own figures and a profiled step."""
+    import torch
+
     device = model.embed.weight.device
     peak = profile_step(model, kv_dtype, ops, tokens, rows, block_size)
     free, total = torch.cuda.mem_get_info(device)

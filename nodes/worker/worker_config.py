@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from shoal.nodes.worker.device_choice import DEVICE_HELP, device_arg
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES, KV_CACHE_DTYPE_NAMES
+from shoal.nodes.worker.gpu_memory import check_utilization
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE, check_share
 
 
@@ -35,13 +36,11 @@ def share_arg(text: str) -> float:
 
 
 def utilization_arg(text: str) -> float:
+    """--gpu-memory-utilization: refused when the worker starts."""
     try:
-        share = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < share <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {share}")
-    return share
+        return check_utilization(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_worker_args(ap: argparse.ArgumentParser) -> None:
