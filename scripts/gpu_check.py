@@ -227,10 +227,12 @@ def w1_inprocess(args, limits_found: dict) -> dict:
     except Exception as e:
         if not GPU:
             raise
-        out = w1_run(args, limits_found, "torch", True)
-        out["default_backend_failed"] = f"{type(e).__name__}: {e}"
-        out["line"] += f" [torch backend, eager: the default failed with {type(e).__name__}]"
-        return out
+        failure = f"{type(e).__name__}: {e}"  # not `e`: its traceback holds the failed engine's memory
+    release()
+    out = w1_run(args, limits_found, "torch", True)
+    out["default_backend_failed"] = failure
+    out["line"] += f" [torch backend, eager: the default failed with {failure[:200]}]"
+    return out
 
 
 def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
@@ -376,6 +378,9 @@ def main() -> int:
     ap.add_argument("--hf-sequences", type=int, default=256, help="the sequences transformers runs (it is slow)")
     ap.add_argument("--w2-texts", type=int, default=20_000, help="texts per encoder in W2's short form")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
+    ap.add_argument("--append", action="store_true",
+                    help="keep the sections already in --out and add these (a check run in two halves: the "
+                         "cluster section reads the in-process W1 figures of the first)")
     args = ap.parse_args()
     only = [s for s in args.only.split(",") if s] or list(SECTIONS)
     unknown = set(only) - set(SECTIONS)
@@ -384,7 +389,9 @@ def main() -> int:
     os.environ.setdefault("SHOAL_STATE_DIR", str(Path(args.work).resolve() / "state"))
     Path(args.work).mkdir(parents=True, exist_ok=True)
     report: dict = {"device": DEVICE, "sections": {}}
-    found: dict = {}
+    if args.append and Path(args.out).exists():
+        report = json.loads(Path(args.out).read_text())
+    found: dict = dict(report["sections"])
     runs = {"env": lambda: env(args), "limits": lambda: limits(args), "greedy_fp32": lambda: greedy(args, "float32"),
             "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),

@@ -27,8 +27,10 @@ class HostKVPool:
         self.shape = (len(cache.layers), 2, layer.shape[-2], layer.shape[-1])  # per token: [L, 2, ., kvh, d]
         self.token_elems = 2 * len(cache.layers) * layer.shape[-2] * layer.shape[-1]
         self.token_bytes = self.token_elems * layer.element_size()
-        tokens = max(0, capacity_bytes // self.token_bytes)
         self.gpu = cache.device.type == "cuda"
+        if self.gpu and capacity_bytes > 0:  # torch's pinned allocator rounds a request up to a power of
+            capacity_bytes = 1 << (capacity_bytes.bit_length() - 1)  # two: 3 GiB asked would pin 4
+        tokens = max(0, capacity_bytes // self.token_bytes)
         self.arena = torch.empty(tokens * self.token_elems, dtype=layer.dtype, pin_memory=self.gpu)
         self.spans = SpanAllocator(tokens)
         self.stream = torch.cuda.Stream(cache.device) if self.gpu else None

@@ -174,7 +174,7 @@ def choose_ops(requested: str, device: torch.device, head_dim: int):
     if requested == "triton":
         if why := triton_runs_on(device):
             raise ValueError(f"attention triton: {why}")
-        return TritonOps(), "Triton paged attention, torch elementwise ops"
+        return TritonOps(), "Triton paged attention and fused elementwise ops"
     if not cpu:
         raise ValueError(f"attention native: the native ops are CPU kernels; on {device} choose auto, triton or torch")
     from shoal.nodes.worker.kernels import native_ops
