@@ -1,6 +1,6 @@
 """Everything the engine resolves once, at start, in this order: the device, the compute
 and KV cache dtypes (which depend on the device), the model on the device, the ops
-backend, the KV cache's size and the cache itself.
+backend, the KV cache's size, the cache itself, and on a GPU the decode graphs.
 
 Each choice is logged with its reason and kept in `EngineSetup`, which the engine and
 `shoal nodes` read; the step scheduler (`engine.py`: queues, KV blocks, preemption)
