@@ -30,6 +30,7 @@ class SequenceState:
     kv: bytes | None = None
     sampling_id: object = None  # what its sampling is keyed by, if not seq_id
     draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] of its sampled tokens so far
+    logprobs: list[list] = field(default_factory=list)  # [logprob, [[id, logprob], ...]] per token, if asked
 
     def header(self) -> dict:
         """Everything but the KV blob, as JSON-able data."""
@@ -44,6 +45,8 @@ class SequenceState:
             "margins": self.margins,
             "sampling_id": self.sampling_id,
             "draws": self.draws,
+            # (only where asked for: states of sequences that never ask read as before)
+            **({"logprobs": self.logprobs} if self.logprobs else {}),
         }
 
     @classmethod
@@ -52,7 +55,8 @@ class SequenceState:
             return cls(kv=kv, **{k: header[k] for k in (
                 "seq_id", "prompt_token_ids", "output_token_ids", "params", "op_index",
                 "num_computed", "model_fingerprint")}, margins=header.get("margins", []),
-                sampling_id=header.get("sampling_id"), draws=header.get("draws", []))
+                sampling_id=header.get("sampling_id"), draws=header.get("draws", []),
+                logprobs=header.get("logprobs", []))
         except KeyError as e:
             raise StateError(f"sequence state lacks field {e.args[0]!r}") from None
 

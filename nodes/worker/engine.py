@@ -15,7 +15,10 @@ from pathlib import Path
 
 import torch
 
+from shoal.constraint import ConstraintError
+from shoal.nodes.worker import logits_processing as lp
 from shoal.nodes.worker.engine_config import EngineConfig, EngineStats, RequestOutput
+from shoal.nodes.worker.grammar_cache import GrammarCache
 from shoal.nodes.worker.host_kv_pool import HostKVPool
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
@@ -55,6 +58,8 @@ class LLMEngine:
         self.budget_reason, auto_budget = setup.budget_reason, setup.auto_budget
         config = self.config
         self.tokenizer = TextTokenizer(model_dir)
+        self.grammars = GrammarCache(Path(model_dir) / "tokenizer.json", self.model_cfg.vocab_size,
+                                     list(self.model_cfg.eos_token_ids))
         self.runner = ModelRunner(self.model, self.cache, setup.ops, sdpa_prefill_work=config.sdpa_prefill_work,
                                   graphs=setup.graphs)
         self.clock = StepClock(self.device)
@@ -158,6 +163,7 @@ class LLMEngine:
         self._check_prompt(seq_id, ids)
         seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens,
                        sampling_id=sampling_id, under_way=under_way)
+        self._prepare_output_rules(seq)
         self._enqueue(seq)
         self._park_if_asked(seq)
 
@@ -178,6 +184,22 @@ class LLMEngine:
             raise RequestError(f"sequence {seq_id!r}: prompt of {len(ids)} tokens does not fit the model's context of {cfg.max_position_embeddings}")
         if len(ids) >= self.max_total_tokens:
             raise RequestError(f"sequence {seq_id!r}: prompt of {len(ids)} tokens needs more KV blocks than the cache has ({self.blocks.num_blocks})")
+
+    def _prepare_output_rules(self, seq: Sequence) -> None:
+        """Refuses token ids the vocabulary lacks (logit_bias, stop_token_ids) and gives a
+        constrained sequence its matcher, in the state after the tokens it generated."""
+        vocab = self.model_cfg.vocab_size
+        bad = next((t for t, _ in seq.params.logit_bias if t >= vocab), None)
+        if bad is None:
+            bad = next((t for t in seq.params.stop_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"sequence {seq.seq_id!r}: token id {bad} outside the vocabulary [0, {vocab})")
+        try:
+            constraint = seq.params.constraint
+            if constraint is not None:
+                seq.matcher = self.grammars.matcher(constraint, seq.output_token_ids)
+        except ConstraintError as e:
+            raise RequestError(f"sequence {seq.seq_id!r}: {e}") from None
 
     def _enqueue(self, seq: Sequence) -> None:
         seq.arrival = self._arrivals
@@ -232,6 +254,10 @@ class LLMEngine:
                                    f"with {self.blocks.num_free} free KV blocks")
             return []
         sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
+        # The grammar masks of the rows about to sample depend only on tokens already
+        # generated: they are filled on another thread while the model runs.
+        constrained = [seq for (seq, _), s in zip(chunks, sample_mask) if s and seq.matcher is not None]
+        masks = self.grammars.fill_async([seq.matcher for seq in constrained]) if constrained else None
         self.clock.start()
         logits, logit_chunks = self.runner.run(chunks, sample_mask)
         self.clock.model_done()
@@ -245,7 +271,7 @@ class LLMEngine:
         # predicts the next step's time from it.
         self.last_step_work = (prefill, sum(1 for _, n in chunks if n == 1))
         self.stats.rows_stepped += len(chunks)
-        finished = self._sample([chunks[i][0] for i in logit_chunks], logits)
+        finished = self._sample([chunks[i][0] for i in logit_chunks], logits, (constrained, masks))
         model_s, sample_s = self.clock.finish()
         self.stats.time_model += model_s
         self.stats.time_sample += sample_s
@@ -377,17 +403,28 @@ class LLMEngine:
                 for j in range(before, after):
                     self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[RequestOutput]:
+    @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> list[RequestOutput]:
         if not seqs:
             return []
         if self.on_logits is not None:
             self.on_logits([s.seq_id for s in seqs], logits.float())
+        if masks is not None and masks[0]:
+            constrained, job = masks
+            order = {id(s): k for k, s in enumerate(constrained)}
+            rows = [i for i, s in enumerate(seqs) if id(s) in order]
+            lp.apply_bitmask(logits, rows, job.result()[[order[id(seqs[i])] for i in rows]])
+        want_lp = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        log_probs = lp.log_probs(logits, want_lp) if want_lp else None
+        self._process_logits(seqs, logits)
         params = [s.params for s in seqs]
         # A greedy row draws nothing: its uniform is never read.
         us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids))
               for s in seqs]
         ops = self.runner.ops
         tokens, margins, draws = sample(logits, params, us, ops.row_top2 if ops is not None else None)
+        if log_probs is not None:
+            self._record_logprobs([seqs[i] for i in want_lp], [tokens[i] for i in want_lp], log_probs)
         finished = []
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             seq.output_token_ids.append(tok)
@@ -403,11 +440,41 @@ class LLMEngine:
                 self._park_if_asked(seq)
         return finished
 
+    def _process_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Logit bias, min_tokens and penalties, on the rows that ask for them."""
+        biased = [i for i, s in enumerate(seqs) if s.params.logit_bias]
+        lp.apply_logit_bias(logits, biased, [seqs[i].params.logit_bias for i in biased])
+        short = [i for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_tokens]
+        lp.mask_ends(logits, short, [self._end_ids(seqs[i].params) for i in short])
+        penalized = [i for i, s in enumerate(seqs) if s.params.penalized]
+        lp.apply_penalties(logits, penalized, [seqs[i] for i in penalized])
+
+    def _end_ids(self, p: SamplingParams) -> list[int]:
+        return list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_cfg.eos_token_ids))
+
+    def _record_logprobs(self, seqs: list[Sequence], tokens: list[int], log_probs: torch.Tensor) -> None:
+        """Each row's sampled token's logprob and its top alternatives, read back once."""
+        k = max(s.params.logprobs for s in seqs)
+        chosen = log_probs.gather(1, torch.tensor(tokens, device=log_probs.device).unsqueeze(1)).squeeze(1)
+        top = torch.topk(log_probs, k, dim=-1) if k else None
+        chosen = chosen.tolist()
+        values, ids = (top.values.tolist(), top.indices.tolist()) if top is not None else ([[]] * len(seqs),) * 2
+        for seq, c, vs, ts in zip(seqs, chosen, values, ids):
+            n = seq.params.logprobs
+            seq.logprobs.append([c, [[t, v] for t, v in zip(ts[:n], vs[:n])]])
+
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
         if (not p.ignore_eos and tok in self.model_cfg.eos_token_ids) or tok in p.stop_token_ids:
             return "stop"
-        if p.stop and self._hits_stop_string(seq):
+        if seq.matcher is not None:
+            if not seq.matcher.consume_token(tok):  # the mask allows only tokens it takes: a bug if seen
+                log.warning("[grammar] %s: token %d refused by its grammar (%s); ended", seq.seq_id, tok,
+                            seq.matcher.get_error())
+                return "stop"
+            if seq.matcher.is_stopped():  # the grammar is complete and cannot extend
+                return "stop"
+        if p.stop and len(seq.output_token_ids) >= p.min_tokens and self._hits_stop_string(seq):
             return "stop"
         if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_tokens:
             return "length"
@@ -431,7 +498,17 @@ class LLMEngine:
             if cut >= 0:
                 text = text[:cut]
         return RequestOutput(seq.seq_id, list(seq.output_token_ids), text, reason,
-                             seq.num_prompt_tokens, list(seq.margins), list(seq.draws))
+                             seq.num_prompt_tokens, list(seq.margins), list(seq.draws),
+                             self._logprob_entries(seq) if seq.params.logprobs is not None else None)
+
+    def _logprob_entries(self, seq: Sequence) -> list[dict]:
+        """The recorded logprobs with each token's text and UTF-8 bytes (OpenAI's shape)."""
+        def entry(tok: int, value: float) -> dict:
+            text = self.tokenizer.token_text(tok)
+            return {"token": text, "token_id": tok, "logprob": value, "bytes": list(text.encode())}
+
+        return [{**entry(tok, c), "top_logprobs": [entry(t, v) for t, v in top]}
+                for tok, (c, top) in zip(seq.output_token_ids, seq.logprobs)]
 
     # -- whole batches -----------------------------------------------------------------
 
@@ -469,7 +546,7 @@ class LLMEngine:
             output_token_ids=list(seq.output_token_ids), params=seq.params.to_dict(),
             op_index=seq.op_index, num_computed=tensors.shape[2] if kv else 0,
             model_fingerprint=self.fingerprint, margins=list(seq.margins), kv=kv, sampling_id=seq.sampling_id,
-            draws=list(seq.draws))
+            draws=list(seq.draws), logprobs=list(seq.logprobs))
         if remove:
             self.abort(seq_id)
         return state
@@ -485,9 +562,10 @@ class LLMEngine:
         params = SamplingParams.from_dict(state.params)
         seq = Sequence(sid, list(state.prompt_token_ids), params, op_index=state.op_index,
                        output_token_ids=list(state.output_token_ids), margins=list(state.margins),
-                       draws=list(state.draws),
+                       draws=list(state.draws), logprobs=[list(x) for x in state.logprobs],
                        max_total_tokens=self.max_total_tokens, sampling_id=state.sampling_id, under_way=True)
         self._check_prompt(sid, seq.prompt_token_ids + seq.output_token_ids)
+        self._prepare_output_rules(seq)
         kv = decode_kv(state, self.fingerprint, self.model_cfg) if state.kv is not None and state.num_computed else None
         if kv is not None and state.num_computed >= seq.num_tokens:
             # The last token's KV is recomputed, since that step is the one that samples.

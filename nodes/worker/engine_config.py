@@ -84,10 +84,12 @@ class RequestOutput:
     seq_id: object
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" (an end token, a stop string, a grammar completed) | "length"
     num_prompt_tokens: int
     margins: list[float] = field(default_factory=list)
     draws: list[list] = field(default_factory=list)  # [u, lo, hi, cut] of each sampled token
+    # When asked for: per token {"token", "token_id", "logprob", "bytes", "top_logprobs": [...]}.
+    logprobs: list[dict] | None = None
 
 
 @dataclass

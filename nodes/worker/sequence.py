@@ -42,6 +42,11 @@ class Sequence:
     # any job, on any worker, after any move. None: the seq_id itself.
     sampling_id: object = None
     host_kv: object = None  # [layers, 2, tokens, kvh, d] in host memory while preempted
+    # Per sampled token when params.logprobs is set: [its logprob, [[id, logprob], ...]].
+    logprobs: list[list] = field(default_factory=list)
+    # The grammar's state when params carry a constraint (grammar_cache.py): never sent
+    # anywhere, rebuilt from output_token_ids wherever the sequence resumes.
+    matcher: object = None
 
     def __post_init__(self):
         self.key = sequence_key(self.key_id)

@@ -31,6 +31,10 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text as it reads in the output (special tokens by name)."""
+        return self.tok.decode([token_id], skip_special_tokens=False)
+
     def encode_chat(self, messages: list[dict], **template_kwargs) -> list[int]:
         """Ids of a chat's prompt: the template writes the special tokens, so the text is
         tokenized without adding any (as transformers' apply_chat_template does)."""
