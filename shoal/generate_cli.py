@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
+    add_output_args(g)
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help=DTYPE_HELP)
     add_device_arg(g)
@@ -44,6 +45,57 @@ def add_parser(sub) -> None:
     g.set_defaults(fn=cmd_generate)
 
 
+def add_output_args(g) -> None:
+    """What every item's output must be or carry (an item's own fields win)."""
+    o = g.add_argument_group("output shape (an item's own json_schema, regex, choice, logprobs, n, ... win)")
+    c = o.add_mutually_exclusive_group()
+    c.add_argument("--json-schema", metavar="FILE", help="constrain every output to JSON valid under this schema "
+                   "(a JSON file; '{\"type\": \"object\"}' for any object)")
+    c.add_argument("--regex", help="constrain every output to match this regular expression")
+    c.add_argument("--choice", action="append", metavar="TEXT", help="constrain every output to one of these "
+                   "(repeat the flag for each)")
+    o.add_argument("--logprobs", type=int, metavar="N", help="record each token's logprob and its N most likely "
+                   "alternatives (0-20), from the model's distribution before temperature and penalties")
+    o.add_argument("--n", type=int, default=1, help="samples per prompt (with --temperature > 0 and seeds seed, "
+                   "seed+1, ...): a record's samples are its `choices`")
+    o.add_argument("--min-tokens", type=int, default=0)
+    o.add_argument("--presence-penalty", type=float, default=0.0)
+    o.add_argument("--frequency-penalty", type=float, default=0.0)
+    o.add_argument("--repetition-penalty", type=float, default=1.0)
+
+
+def output_params(args) -> dict:
+    """The flags of add_output_args as SamplingParams fields (n apart)."""
+    from shoal.generate_input import InputError
+
+    out = {"logprobs": args.logprobs, "min_tokens": args.min_tokens, "presence_penalty": args.presence_penalty,
+           "frequency_penalty": args.frequency_penalty, "repetition_penalty": args.repetition_penalty,
+           "regex": args.regex, "choice": args.choice}
+    if args.json_schema:
+        import orjson
+
+        try:
+            out["json_schema"] = orjson.loads(Path(args.json_schema).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as e:
+            raise InputError(f"--json-schema {args.json_schema}: {e}") from None
+    return out
+
+
+def job_params(params, n: int) -> dict:
+    """The job's settings as sent: its SamplingParams, and n where it is not 1."""
+    from shoal.generate_input import InputError
+    from shoal.program import MAX_SAMPLES
+
+    if not 1 <= n <= MAX_SAMPLES:
+        raise InputError(f"--n must be from 1 to {MAX_SAMPLES}, got {n}")
+    return {**params.to_dict(), **({"n": n} if n != 1 else {})}
+
+
+def record_tokens(rec: dict) -> int:
+    """Generated tokens of a record (all samples of an n > 1 one)."""
+    return sum(len(c.get("token_ids", ())) for c in rec.get("choices", [rec]))
+
+
 def record_key(rec: dict) -> tuple:
     """What a record of the output answers: an input line refused by --on-error skip (its
     id, if it has one, may be a good line's too), or an item."""
@@ -59,13 +111,18 @@ def cmd_generate(args) -> int:
     from shoal.generate_input import InputError, model_context, read_generate_items_skipping
     from shoal.local_cluster import LocalCluster
     from shoal.progress import Progress
-    from shoal.sampling import SamplingParams
+    from shoal.sampling import RequestError, SamplingParams
 
     from shoal.output_path import check_output_file
     from shoal.resumable_output import ResumableOutput, job_fingerprint
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    params.validate()
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                            **output_params(args))
+    try:
+        params.validate()
+    except RequestError as e:
+        raise InputError(f"the job's settings: {e}") from None
+    sent_params = job_params(params, args.n)
     check_output_file(args.output)  # before the job runs: its results are not thrown away at the end
     context = model_context(args.model)
     if params.max_tokens >= context:
@@ -82,7 +139,7 @@ def cmd_generate(args) -> int:
     parquet = str(args.output).endswith(".parquet")
     jsonl_path = f"{args.output}.jsonl.part" if parquet else args.output
     settings = {"command": "generate", "model": str(Path(args.model).resolve()), "dtype": args.dtype,
-                "params": params.to_dict()}
+                "params": sent_params}
     # Refused lines count by their numbers (their errors name the input as it was typed).
     fingerprint = job_fingerprint(settings, [*payload, *({"refused line": rec["line"]} for rec in bad)])
     output = ResumableOutput(jsonl_path, fingerprint, overwrite=args.overwrite)
@@ -106,7 +163,7 @@ def cmd_generate(args) -> int:
             with cluster as local:
                 router = args.router or local.router
                 t0 = time.perf_counter()
-                job = Client(router, timeout=args.timeout).submit(todo, params=params.to_dict(), job_key=args.job_key)
+                job = Client(router, timeout=args.timeout).submit(todo, params=sent_params, job_key=args.job_key)
                 print(f"job {job.id}: {len(todo)} sequences via {router}", file=sys.stderr)
                 progress = Progress(len(payload), "sequences")
                 progress.advance(len(payload) - len(todo))
@@ -114,9 +171,10 @@ def cmd_generate(args) -> int:
                     if ("id", rec["id"]) in done:  # a resubmitted --job-key returns the whole job
                         continue
                     done.add(("id", rec["id"]))
-                    rec.pop("margins", None)
-                    rec.pop("draws", None)
-                    tokens += len(rec.get("token_ids", []))
+                    for c in rec.get("choices", [rec]):
+                        c.pop("margins", None)
+                        c.pop("draws", None)
+                    tokens += record_tokens(rec)
                     failed += rec.get("finish_reason") == "error"
                     output.write(rec)
                     progress.advance(1, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")

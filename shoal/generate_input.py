@@ -28,7 +28,9 @@ MAX_ITEM_BYTES = 256 << 10
 
 
 # Sampling parameters an item may set for itself, over the job's.
-ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
+ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
+                        "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                        "logprobs", "json_schema", "regex", "choice", "n")
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,18 @@ def check_item_sampling(rec: dict, where: str) -> dict:
     own = {k: rec[k] for k in ITEM_SAMPLING_FIELDS if k in rec}
     if not own:
         return {}
+    n = own.get("n", 1)
+    from shoal.program import MAX_SAMPLES
+
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+        raise InputError(f"{where}: n must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
     if "ignore_eos" in own and not isinstance(own["ignore_eos"], bool):
         raise InputError(f"{where}: ignore_eos must be true or false, got {own['ignore_eos']!r}")
     for name in ("stop", "stop_token_ids"):
         if name in own and not isinstance(own[name], list):
             raise InputError(f"{where}: {name} must be a list, got {own[name]!r}")
     try:
-        SamplingParams(**own).validate()
+        SamplingParams(**{k: v for k, v in own.items() if k != "n"}).validate()
     except (RequestError, TypeError) as e:
         raise InputError(f"{where}: {e}") from None
     return own

@@ -39,6 +39,7 @@ def openai_request(item: dict, **params):
         return {"embeddings": vectors}
     request = {k: v for k, v in item.items() if k not in ("kind", "prompts")}
     choices = []
-    for prompt in item.get("prompts") or [{}]:
-        choices.append((yield from generate({**request, **prompt}, **params)))
+    for prompt in item.get("prompts") or [{}]:  # n > 1: each prompt's n samples in turn, as the API orders them
+        out = yield from generate({**request, **prompt}, **params)
+        choices.extend(out["choices"] if "choices" in out else [out])
     return {"choices": choices}

@@ -7,9 +7,13 @@ its problem; the other lines are not affected by it.
 
 Where the body is silent the API's defaults hold: temperature 1, top_p 1, 16 tokens for
 a completion; a chat's max_tokens, which the API leaves to the context, is the job's
-default (`shoal batch --max-tokens`). Parameters that would change the output in ways
-Shoal does not implement (n > 1, penalties, logprobs, tools, ...) are refused by name,
-never ignored; metadata the API takes (user, metadata, store, ...) is.
+default (`shoal batch --max-tokens`). Structured outputs come as the API asks for them
+(`response_format` json_object or json_schema) or as vLLM's extensions name them
+(`structured_outputs` {json, regex, choice}, and the older `guided_json`, `guided_regex`,
+`guided_choice`); logprobs, n, penalties, logit_bias and seed as the API defines them.
+Parameters that would change the output in ways Shoal does not implement (tools, echo,
+best_of > 1, ...) are refused by name, never ignored; metadata the API takes (user,
+metadata, store, ...) is.
 """
 
 from __future__ import annotations
@@ -21,15 +25,18 @@ URL_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/
 # Accepted and without effect on the output.
 IGNORED = frozenset({"model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
                      "parallel_tool_calls", "prompt_cache_key", "safety_identifier"})
-# Sampling parameters of every generation request (the last three are vLLM's extensions).
-SAMPLING = ("temperature", "top_p", "seed", "stop", "top_k", "stop_token_ids", "ignore_eos")
+# Sampling parameters of every generation request, taken as they are (from top_k on,
+# vLLM's extensions).
+SAMPLING = ("temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty", "n",
+            "top_k", "stop_token_ids", "ignore_eos", "min_tokens", "repetition_penalty")
+# The structured-output fields: the API's and vLLM's (see _structured).
+STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice")
 # Parameters taken only at their no-op values.
-NO_OP_VALUES = {"n": (1,), "best_of": (1,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-                "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (False,), "suffix": (None, ""),
-                "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
-                "response_format": (None, {"type": "text"})}
-CHAT_FIELDS = frozenset({"messages", "max_tokens", "max_completion_tokens", *SAMPLING})
-COMPLETION_FIELDS = frozenset({"prompt", "max_tokens", *SAMPLING})
+NO_OP_VALUES = {"best_of": (1,), "echo": (False,), "suffix": (None, ""),
+                "tools": (None, []), "tool_choice": (None, "none")}
+CHAT_FIELDS = frozenset({"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias",
+                         *SAMPLING, *STRUCTURED})
+COMPLETION_FIELDS = frozenset({"prompt", "max_tokens", "logprobs", "logit_bias", *SAMPLING, *STRUCTURED})
 EMBEDDING_FIELDS = frozenset({"input", "encoding_format", "dimensions"})
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the API's default for /v1/completions
 
@@ -106,7 +113,9 @@ def parse_request(rec, line: int, seen: dict[str, int] | None = None, embedding_
 
 def _generation_item(custom_id: str, kind: str, body: dict) -> dict:
     """A chat's or completion's item: its prompt(s), max_tokens and sampling."""
-    item = {"id": custom_id, "kind": kind, **_sampling(body)}
+    item = {"id": custom_id, "kind": kind, **_sampling(body), **_structured(body), **_logprobs(kind, body)}
+    if body.get("logit_bias"):
+        item["logit_bias"] = body["logit_bias"]
     if kind == "chat":
         item["messages"] = _messages(body.get("messages"))
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -138,6 +147,60 @@ def _sampling(body: dict) -> dict:
     if "stop" in out and not (isinstance(out["stop"], list) and all(isinstance(s, str) for s in out["stop"])):
         raise RequestLineError(f"stop must be a string or a list of strings, got {out['stop']!r}", param="body.stop")
     return out
+
+
+def _structured(body: dict) -> dict:
+    """The request's constraint as a generate item's json_schema, regex or choice."""
+    found = {}
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            found["json_schema"] = {"type": "object"}
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise RequestLineError("response_format json_schema needs json_schema.schema, a JSON object",
+                                       param="body.response_format")
+            found["json_schema"] = schema
+        elif kind != "text":
+            raise RequestLineError(f"response_format type {kind!r} is not one of text, json_object, json_schema",
+                                   param="body.response_format")
+    vllm = body.get("structured_outputs") or {}
+    if not isinstance(vllm, dict):
+        raise RequestLineError("structured_outputs must be an object", param="body.structured_outputs")
+    unknown = sorted(set(vllm) - {"json", "regex", "choice"})
+    if unknown:
+        raise RequestLineError(f"structured_outputs.{unknown[0]} is not supported (json, regex, choice are)",
+                               param="body.structured_outputs")
+    for name, value in (("json_schema", vllm.get("json", body.get("guided_json"))),
+                        ("regex", vllm.get("regex", body.get("guided_regex"))),
+                        ("choice", vllm.get("choice", body.get("guided_choice")))):
+        if value is not None:
+            if found:
+                raise RequestLineError(f"give one structured output, not {next(iter(found))} and {name}",
+                                       param="body.structured_outputs")
+            found[name] = value
+    return found
+
+
+def _logprobs(kind: str, body: dict) -> dict:
+    """A chat's `logprobs` (true/false) with `top_logprobs` (0-20), or a completion's
+    `logprobs` (the number of alternatives), as the item's `logprobs`."""
+    value = body.get("logprobs")
+    if kind == "chat":
+        top = body.get("top_logprobs")
+        if top is not None and not value:
+            raise RequestLineError("top_logprobs needs logprobs: true", param="body.top_logprobs")
+        if value in (None, False):
+            return {}
+        if value is not True:
+            raise RequestLineError(f"logprobs must be true or false, got {value!r}", param="body.logprobs")
+        return {"logprobs": 0 if top is None else top}
+    if value is None or value is False:
+        return {}
+    return {"logprobs": value}
 
 
 def _check_sampling(item: dict) -> None:

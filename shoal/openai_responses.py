@@ -48,13 +48,17 @@ class OutputLines:
         chat = req.kind == "chat"
         choices = []
         for i, out in enumerate(outs):
-            choice = {"index": i, "finish_reason": FINISH_REASONS.get(out["finish_reason"], "stop"), "logprobs": None}
+            lp = out.get("logprobs")
+            choice = {"index": i, "finish_reason": FINISH_REASONS.get(out["finish_reason"], "stop"),
+                      "logprobs": None if lp is None else (chat_logprobs(lp) if chat else completion_logprobs(lp))}
             if chat:
                 choice["message"] = {"role": "assistant", "content": out["text"]}
             else:
                 choice["text"] = out["text"]
             choices.append(choice)
-        prompt = sum(int(o.get("prompt_tokens", 0)) for o in outs)
+        # (the API counts a prompt once however many samples it has)
+        n = max(1, len(outs) // max(1, len(req.item.get("prompts") or [{}])))
+        prompt = sum(int(o.get("prompt_tokens", 0)) for o in outs[::n])
         completion = sum(len(o["token_ids"]) for o in outs)
         return {"id": ("chatcmpl-" if chat else "cmpl-") + request_id, "object": "chat.completion" if chat else "text_completion",
                 "created": self.created, "model": req.model, "choices": choices,
@@ -69,3 +73,24 @@ class OutputLines:
         tokens = count_tokens(req.item["input"]) if count_tokens else 0
         return {"object": "list", "data": data, "model": req.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def chat_logprobs(entries: list[dict]) -> dict:
+    """A chat choice's `logprobs`: content[] of {token, logprob, bytes, top_logprobs}."""
+    def one(e: dict) -> dict:
+        return {"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"]}
+
+    return {"content": [{**one(e), "top_logprobs": [one(t) for t in e["top_logprobs"]]} for e in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list[dict]) -> dict:
+    """A completion choice's `logprobs`: tokens, token_logprobs, top_logprobs (a token ->
+    logprob map per position) and text_offset (where each token starts in the text)."""
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}

@@ -27,6 +27,9 @@ from typing import Callable
 from shoal.sampling import RequestError, SamplingParams
 
 
+MAX_SAMPLES = 128  # n of one Generate
+
+
 class ProgramError(RuntimeError):
     """A program that cannot be found, imported or run; the message names it."""
 
@@ -37,17 +40,24 @@ class ProgramError(RuntimeError):
 class Generate:
     """Generate tokens from a text prompt, token ids, or chat messages (rendered with the
     model's chat template on the worker); the sampling parameters are those of
-    `SamplingParams` (max_tokens, stop, temperature, top_p, top_k, seed, ...)."""
+    `SamplingParams` (max_tokens, stop, temperature, top_p, top_k, seed, json_schema,
+    regex, choice, logprobs, penalties, ...).
+
+    `n` > 1 asks for several samples of the prompt: the result is then a list of n
+    results, sample j drawn as a single request with seed `seed + j` draws (the prompt is
+    prefilled once, the others reading its KV blocks from the prefix cache)."""
 
     kind = "generate"
 
     def __init__(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
-                 messages: list[dict] | None = None, **params):
+                 messages: list[dict] | None = None, n: int = 1, **params):
         if sum(x is not None for x in (prompt, prompt_token_ids, messages)) != 1:
             raise RequestError("Generate needs one of prompt, prompt_token_ids and messages")
         unknown = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
         if unknown:
             raise RequestError(f"Generate: unknown sampling parameter(s) {', '.join(unknown)}")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+            raise RequestError(f"n must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
         if messages is not None:
             from shoal.chat_template import check_messages
 
@@ -57,6 +67,7 @@ class Generate:
         self.prompt = prompt
         self.prompt_token_ids = None if prompt_token_ids is None else list(prompt_token_ids)
         self.messages = messages
+        self.n = n
         self.params = SamplingParams(**params)
 
     def to_dict(self) -> dict:
@@ -64,6 +75,8 @@ class Generate:
              "params": self.params.to_dict()}
         if self.messages is not None:  # (absent otherwise: journals written before chats stay valid)
             d["messages"] = self.messages
+        if self.n != 1:
+            d["n"] = self.n
         return d
 
 
@@ -132,11 +145,15 @@ class GenerateResult:
     # Sampled tokens' draws, [u, lo, hi, cut] each: what the comparator judges them by.
     draws: list[list] = field(default_factory=list)
     prompt_tokens: int = 0  # the prompt's length in tokens (a chat's after its template)
+    # Where asked for: per token {"token", "token_id", "logprob", "bytes", "top_logprobs"}.
+    logprobs: list[dict] | None = None
 
     def to_dict(self) -> dict:
         d = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason}
         if self.prompt_tokens:
             d["prompt_tokens"] = self.prompt_tokens
+        if self.logprobs is not None:
+            d["logprobs"] = self.logprobs
         if self.margins:
             d["margins"] = self.margins
         if self.draws:
@@ -146,15 +163,20 @@ class GenerateResult:
     @classmethod
     def from_dict(cls, d: dict) -> "GenerateResult":
         return cls(d["text"], list(d["token_ids"]), d["finish_reason"], list(d.get("margins", ())),
-                   [list(x) for x in d.get("draws", ())], int(d.get("prompt_tokens", 0)))
+                   [list(x) for x in d.get("draws", ())], int(d.get("prompt_tokens", 0)), d.get("logprobs"))
 
 
 def result_from_dict(kind: str, d):
-    """An operation's result as the program receives it, from its journal form."""
-    return GenerateResult.from_dict(d) if kind == "generate" else d
+    """An operation's result as the program receives it, from its journal form (a
+    Generate of n > 1 samples: a list of them)."""
+    if kind != "generate":
+        return d
+    return [GenerateResult.from_dict(x) for x in d] if isinstance(d, list) else GenerateResult.from_dict(d)
 
 
 def result_to_dict(result):
+    if isinstance(result, list) and result and isinstance(result[0], GenerateResult):
+        return [r.to_dict() for r in result]
     return result.to_dict() if isinstance(result, GenerateResult) else result
 
 
@@ -254,7 +276,8 @@ def resolve_program(name: str, allowed: tuple[str, ...] | None = None) -> Progra
 @program("generate")
 def generate(item: dict, **params):
     """One Generate per item: the item's prompt (text, token ids or chat messages) with the job's
-    sampling parameters; an item may set its own max_tokens and ITEM_SAMPLING_FIELDS."""
+    sampling parameters; an item may set its own max_tokens and ITEM_SAMPLING_FIELDS. With
+    n > 1 (the job's or the item's) the record holds the samples as `choices`."""
     from shoal.generate_input import ITEM_SAMPLING_FIELDS
 
     if item.get("max_tokens"):
@@ -266,6 +289,6 @@ def generate(item: dict, **params):
         out = yield Generate(prompt_token_ids=item["prompt_token_ids"], **params)
     else:
         out = yield Generate(prompt=item.get("prompt"), **params)
-    return out.to_dict()
+    return {"choices": [o.to_dict() for o in out]} if isinstance(out, list) else out.to_dict()
 
 

@@ -144,11 +144,14 @@ class LLMEngine:
 
     def add_request(self, seq_id, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                     params: SamplingParams = SamplingParams(), op_index: int = 0, sampling_id=None,
-                    under_way: bool = False) -> None:
+                    under_way: bool = False, prefill_after=None) -> None:
         """Queues a sequence. Raises RequestError, naming the sequence, for bad input;
         the engine's other sequences are unaffected. `under_way`: the next generation of
         a program that has generated before; it waits ahead of programs not yet started
-        (it finishes a program sooner, and its cached prefix is not left to be evicted)."""
+        (it finishes a program sooner, and its cached prefix is not left to be evicted).
+        `prefill_after`: the id of a sequence with the same prompt (another sample of it);
+        this one waits until that one has prefilled, then reads the prompt's blocks from
+        the prefix cache instead of computing them again."""
         if seq_id in self.seqs:
             raise RequestError(f"sequence {seq_id!r}: already in the engine")
         try:
@@ -163,6 +166,8 @@ class LLMEngine:
         self._check_prompt(seq_id, ids)
         seq = Sequence(seq_id, ids, params, op_index=op_index, max_total_tokens=self.max_total_tokens,
                        sampling_id=sampling_id, under_way=under_way)
+        if prefill_after is not None and self.config.prefix_caching:
+            seq.prefill_after = self.seqs.get(prefill_after)
         self._prepare_output_rules(seq)
         self._enqueue(seq)
         self._park_if_asked(seq)
@@ -292,7 +297,7 @@ class LLMEngine:
                    for s in self.running]
         room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
         waiting, cached = [], {}
-        for s in self.waiting[: max(0, room)]:
+        for s in self._admissible(max(0, room)):
             if s.host_kv is not None:  # restored by a copy: its tokens count as computed
                 waiting.append(SeqView(s.seq_id, s.num_tokens, s.host_kv.shape[2], 0, 0, s.num_prompt_tokens))
                 continue
@@ -304,6 +309,21 @@ class LLMEngine:
             waiting.append(SeqView(s.seq_id, s.num_tokens, len(blocks) * bs, len(blocks),
                                    self.blocks.free_blocks_needed(blocks), s.num_prompt_tokens))
         return self.planner.plan(running, waiting, self.blocks.num_free), cached
+
+    def _admissible(self, room: int) -> list[Sequence]:
+        """The first `room` waiting sequences, less samples whose first sample has not
+        prefilled their shared prompt yet (they would only compute it again)."""
+        out = []
+        for s in self.waiting:
+            if len(out) == room:
+                break
+            first = s.prefill_after
+            if first is not None:
+                if first.status != SeqStatus.FINISHED and first.num_computed < first.num_prompt_tokens:
+                    continue
+                s.prefill_after = None
+            out.append(s)
+        return out
 
     def _match(self, s: Sequence) -> list[int]:
         out = []

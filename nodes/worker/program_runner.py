@@ -63,6 +63,11 @@ def _message(sid, e: Exception) -> str:
     return f"sequence {sid!r}: {type(e).__name__}: {e}"
 
 
+def _result(o) -> GenerateResult:
+    """The program's view of an engine output."""
+    return GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins, o.draws, o.num_prompt_tokens, o.logprobs)
+
+
 def error_record(sid, message: str) -> dict:
     return {"id": sid, "error": message, "finish_reason": "error"}
 
@@ -84,6 +89,9 @@ class ProgramRunner:
         self.encode_queue = None  # the worker's EncodeQueue, if it hosts an encoder
         self.coros: dict[tuple, SequenceCoroutine] = {}  # (job_id, seq_id) -> coroutine
         self.tokens: dict[tuple, int] = {}  # tokens generated so far, all operations
+        # A Generate of n > 1 samples: its n engine sequences are (job_id, seq_id, j), their
+        # results gathered here until all n are in.
+        self.samples: dict[tuple, list] = {}
 
     def __len__(self) -> int:
         return len(self.coros)
@@ -117,7 +125,7 @@ class ProgramRunner:
         if state is not None:
             self.counters["sequences.resumed"] += 1
             self.counters["tokens.restored"] += self.tokens[key]
-        if generated is not None and isinstance(out, Generate):
+        if generated is not None and isinstance(out, Generate) and out.n == 1:
             return self._continue_generate(key, out, generated, kv, int(state.get("kv_tokens") or 0) if kv else 0)
         return self._dispatch(key, out)
 
@@ -132,7 +140,8 @@ class ProgramRunner:
                 seq_id=key, prompt_token_ids=list(ids), output_token_ids=list(generated["output_token_ids"]),
                 params=op.params.to_dict(), op_index=co.op_index, num_computed=kv_tokens,
                 model_fingerprint=self.engine.fingerprint, margins=list(generated.get("margins", ())), kv=kv,
-                sampling_id=key[1], draws=list(generated.get("draws", ()))))
+                sampling_id=key[1], draws=list(generated.get("draws", ())),
+                logprobs=list(generated.get("logprobs", ()))))
         except Exception as e:
             return self._fail(key, _message(key[1], e))
         n = len(generated["output_token_ids"])
@@ -156,10 +165,14 @@ class ProgramRunner:
             try:
                 # A text prompt the engine tokenizes itself; a chat is rendered here.
                 ids = out.prompt_token_ids if out.messages is None else self.engine.tokenizer.encode_chat(out.messages)
-                self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=ids,
-                                        params=out.params, op_index=self.coros[key].op_index, sampling_id=sid,
-                                        under_way=self.tokens.get(key, 0) > 0)
+                if out.n > 1:
+                    self._add_samples(key, out, ids)
+                else:
+                    self.engine.add_request(key, prompt=out.prompt, prompt_token_ids=ids,
+                                            params=out.params, op_index=self.coros[key].op_index, sampling_id=sid,
+                                            under_way=self.tokens.get(key, 0) > 0)
             except Exception as e:  # bad parameters (wrong types too) fail this sequence only
+                self._abort_samples(key)
                 return self._fail(key, _message(sid, e))
             return []
         try:
@@ -167,6 +180,39 @@ class ProgramRunner:
         except Exception as e:  # an executor's bug or a malformed operation fails this sequence only
             return self._fail(key, _message(sid, e))
         return []
+
+    def _add_samples(self, key: tuple, op: Generate, ids: list[int] | None) -> None:
+        """The n samples of one Generate: sample j draws as a single request with seed
+        seed + j would (same item, same operation index); samples after the first wait
+        until the first has prefilled the prompt, then read its blocks from the prefix
+        cache. A move or a drain restarts the samples where they land: they are
+        deterministic, so only their compute is lost."""
+        from dataclasses import replace
+
+        self.samples[key] = [None] * op.n
+        for j in range(op.n):
+            self.engine.add_request((*key, j), prompt=op.prompt, prompt_token_ids=ids,
+                                    params=replace(op.params, seed=op.params.seed + j),
+                                    op_index=self.coros[key].op_index, sampling_id=key[1],
+                                    under_way=self.tokens.get(key, 0) > 0,
+                                    prefill_after=(*key, 0) if j else None)
+
+    def _sample_done(self, o) -> list:
+        """One sample of an n > 1 Generate finished: the operation resumes when all have."""
+        key, j = o.seq_id[:2], o.seq_id[2]
+        got = self.samples.get(key)
+        if got is None:  # aborted meanwhile
+            return []
+        got[j] = _result(o)
+        self.tokens[key] = self.tokens.get(key, 0) + len(o.token_ids)
+        if any(r is None for r in got):
+            return []
+        del self.samples[key]
+        return self._resume(key, got)
+
+    def _abort_samples(self, key: tuple) -> None:
+        for j in range(len(self.samples.pop(key, ()))):
+            self.engine.abort((*key, j))
 
     def _prompt_ids(self, op: Generate) -> list[int]:
         if op.prompt_token_ids is not None:
@@ -186,6 +232,7 @@ class ProgramRunner:
         return [tokenizer.encode(t) for t in texts]
 
     def _fail(self, key: tuple, message: str) -> list:
+        self._abort_samples(key)
         self.coros.pop(key, None)
         self.tokens.pop(key, None)
         self._marks.pop(key, None)
@@ -215,7 +262,7 @@ class ProgramRunner:
             if n - self._marks.get(key, 0) >= self.checkpoint_tokens and key in self.coros:
                 self._marks[key] = n
                 self._checkpoint(key, {"output_token_ids": list(seq.output_token_ids), "margins": list(seq.margins),
-                                       "draws": list(seq.draws)})
+                                       "draws": list(seq.draws), "logprobs": list(seq.logprobs)})
 
     def step(self, idle_wait: bool = True) -> list:
         """One engine step, then whatever other executors finished. Returns
@@ -225,9 +272,11 @@ class ProgramRunner:
         done = []
         if self.engine.has_unfinished():
             for o in self.engine.step():
+                if len(o.seq_id) == 3:
+                    done += self._sample_done(o)
+                    continue
                 self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
-                done += self._resume(o.seq_id, GenerateResult(o.text, o.token_ids, o.finish_reason, o.margins, o.draws,
-                                                                   o.num_prompt_tokens))
+                done += self._resume(o.seq_id, _result(o))
             if self.checkpoint_tokens:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()
@@ -258,6 +307,8 @@ class ProgramRunner:
         """Up to `count` (all if < 0) of a job's sequences, cheapest to move first:
         those not in the engine (waiting on another operation), then by tokens held."""
         def cost(key):
+            if key in self.samples:  # n samples under way: moving restarts them all
+                return (2, 0)
             seq = self.engine.seqs.get(key)
             return (0, 0) if seq is None else (1, seq.num_tokens if seq.num_computed else 0)
 
@@ -274,13 +325,15 @@ class ProgramRunner:
         kv = None
         if key in self.engine.seqs:
             st = self.engine.export_sequence(key, remove=True)
-            state["generated"] = {"output_token_ids": st.output_token_ids, "margins": st.margins, "draws": st.draws}
+            state["generated"] = {"output_token_ids": st.output_token_ids, "margins": st.margins, "draws": st.draws,
+                                  "logprobs": st.logprobs}
             if with_kv and st.kv is not None:
                 kv, state["kv_tokens"] = st.kv, st.num_computed
         self.abort(key)
         return state, kv
 
     def abort(self, key: tuple) -> None:
+        self._abort_samples(key)
         self.coros.pop(key, None)
         self.tokens.pop(key, None)
         self._marks.pop(key, None)

@@ -47,6 +47,8 @@ class Sequence:
     # The grammar's state when params carry a constraint (grammar_cache.py): never sent
     # anywhere, rebuilt from output_token_ids wherever the sequence resumes.
     matcher: object = None
+    # Another sample of the same prompt that prefills it first (engine.add_request).
+    prefill_after: "Sequence | None" = None
 
     def __post_init__(self):
         self.key = sequence_key(self.key_id)
