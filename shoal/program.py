@@ -28,6 +28,7 @@ from shoal.sampling import RequestError, SamplingParams
 
 
 MAX_SAMPLES = 128  # n of one Generate
+CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")  # one setting: an item's replaces the job's
 
 
 class ProgramError(RuntimeError):
@@ -282,7 +283,10 @@ def generate(item: dict, **params):
 
     if item.get("max_tokens"):
         params = {**params, "max_tokens": item["max_tokens"]}
-    params = {**params, **{k: item[k] for k in ITEM_SAMPLING_FIELDS if k in item}}
+    own = {k: item[k] for k in ITEM_SAMPLING_FIELDS if k in item}
+    if any(k in own for k in CONSTRAINT_FIELDS):  # the item's constraint replaces the job's
+        params = {k: v for k, v in params.items() if k not in CONSTRAINT_FIELDS}
+    params = {**params, **own}
     if item.get("messages") is not None:
         out = yield Generate(messages=item["messages"], **params)
     elif item.get("prompt_token_ids") is not None:

@@ -475,6 +475,9 @@ class LLMEngine:
     def _record_logprobs(self, seqs: list[Sequence], tokens: list[int], log_probs: torch.Tensor) -> None:
         """Each row's sampled token's logprob and its top alternatives, read back once."""
         k = max(s.params.logprobs for s in seqs)
+        # A token the grammar forbids has -inf: written as -9999, as vLLM's server writes
+        # it (JSON has no infinity, and OpenAI's types want a number).
+        log_probs = log_probs.clamp(min=-9999.0)
         chosen = log_probs.gather(1, torch.tensor(tokens, device=log_probs.device).unsqueeze(1)).squeeze(1)
         top = torch.topk(log_probs, k, dim=-1) if k else None
         chosen = chosen.tolist()

@@ -149,3 +149,41 @@ def test_generate_chat_messages_with_the_model_s_template(tiny_chat_model, tmp_p
         cmp = compare_outputs(by_id[cid]["token_ids"], ref.token_ids, [ref.margins])
         assert cmp, f"{cid}: {cmp.detail}"
         assert by_id[cid]["prompt_tokens"] == len(ids)
+
+
+def test_generate_with_a_schema_samples_and_logprobs(tiny_model, tmp_path):
+    """--json-schema, --n and --logprobs for the job; an item overrides with its own regex;
+    a bad item constraint is refused with its line before anything starts."""
+    import re
+
+    import jsonschema
+
+    schema = {"type": "object", "required": ["city"], "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 10}}}
+    (tmp_path / "schema.json").write_bytes(orjson.dumps(schema))
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    items = [{"id": i, "prompt": f"City number {i}:"} for i in range(4)] + [{"id": "r", "prompt": "Code:", "regex": "[0-9]{4}"}]
+    inp.write_bytes(b"".join(orjson.dumps(it) + b"\n" for it in items))
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out),
+                  "--max-tokens", "40", "--temperature", "0.9", "--json-schema", str(tmp_path / "schema.json"),
+                  "--n", "2", "--logprobs", "2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    recs = {r["id"]: r for r in map(orjson.loads, out.read_bytes().splitlines())}
+    assert sorted(map(str, recs)) == ["0", "1", "2", "3", "r"]
+    for rid, rec in recs.items():
+        assert len(rec["choices"]) == 2
+        for c in rec["choices"]:
+            assert len(c["logprobs"]) == len(c["token_ids"]) and all(len(e["top_logprobs"]) == 2 for e in c["logprobs"])
+            if c["finish_reason"] == "stop":
+                if rid == "r":
+                    assert re.fullmatch("[0-9]{4}", c["text"])
+                else:
+                    jsonschema.validate(orjson.loads(c["text"]), schema)
+    assert sum(c["finish_reason"] == "stop" for r in recs.values() for c in r["choices"]) >= 8
+
+    inp.write_bytes(b'{"id": 1, "prompt": "a"}\n{"id": 2, "prompt": "b", "regex": "(?<=x)y"}\n')
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(tmp_path / "o2.jsonl"))
+    assert res.returncode == 2 and "in.jsonl:2" in res.stderr and "look-around" in res.stderr, res.stderr[-800:]
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(tmp_path / "o2.jsonl"),
+                  "--regex", "x", "--choice", "y")
+    assert res.returncode == 2 and "not allowed with argument" in res.stderr

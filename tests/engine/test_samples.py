@@ -35,3 +35,29 @@ def test_bad_n_fails_only_its_item(tiny_model):
                                         {"id": "b", "prompt_token_ids": [1, 2], "max_tokens": 2}])
     assert recs[0]["finish_reason"] == "error" and "n must be" in recs[0]["error"]
     assert len(recs[1]["token_ids"]) == 2
+
+
+def test_a_program_asks_for_a_json_answer_on_its_last_hop(tiny_model):
+    """Generate inside a program takes the same constraint fields as an item."""
+    import orjson
+
+    from shoal.program import Generate, program
+
+    schema = {"type": "object", "required": ["answer"], "additionalProperties": False,
+              "properties": {"answer": {"type": "string", "maxLength": 8}}}
+
+    @program("test_two_hops_then_json")
+    def two_hops(item, **_):
+        first = yield Generate(prompt_token_ids=item["prompt_token_ids"], max_tokens=6, ignore_eos=True)
+        last = yield Generate(prompt_token_ids=item["prompt_token_ids"] + first.token_ids, max_tokens=40,
+                              json_schema=schema, logprobs=1)
+        return {"thought": first.text, "answer": orjson.loads(last.text) if last.finish_reason == "stop" else None,
+                "logprobs": len(last.logprobs)}
+
+    runner = ProgramRunner(LLMEngine(tiny_model, EngineConfig()))
+    recs = runner.run("j", "test_two_hops_then_json", [{"id": i, "prompt_token_ids": [i + 1, 7, 9]} for i in range(4)])
+    answered = [r for r in recs if r["answer"] is not None]
+    assert len(answered) >= 3
+    for r in answered:
+        assert set(r["answer"]) == {"answer"} and len(r["answer"]["answer"]) <= 8
+        assert r["logprobs"] > 0
