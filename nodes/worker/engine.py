@@ -126,6 +126,7 @@ class LLMEngine:
                 "kv_blocks_used": self.blocks.num_used, "kv_blocks_total": self.blocks.num_blocks,
                 "kv_cache_bytes": self.cache.nbytes, "kv_cache_reason": self.kv_cache_reason,
                 "kv_cache_dtype": self.config.kv_cache_dtype, "kv_cache_dtype_reason": self.kv_dtype_choice.reason,
+                "grammars": self.grammars.stats(),
                 "offloaded": sum(1 for s in self.waiting if s.host_kv is not None),
                 "offloaded_bytes": self.offloaded_bytes,
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,
@@ -433,7 +434,10 @@ class LLMEngine:
             constrained, job = masks
             order = {id(s): k for k, s in enumerate(constrained)}
             rows = [i for i, s in enumerate(seqs) if id(s) in order]
-            lp.apply_bitmask(logits, rows, job.result()[[order[id(seqs[i])] for i in rows]])
+            t0 = time.perf_counter()
+            mask = job.result()
+            self.stats.time_grammar_wait += time.perf_counter() - t0
+            lp.apply_bitmask(logits, rows, mask[[order[id(seqs[i])] for i in rows]])
         want_lp = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         log_probs = lp.log_probs(logits, want_lp) if want_lp else None
         self._process_logits(seqs, logits)

@@ -104,6 +104,7 @@ class EngineStats:
     time_plan: float = 0.0
     time_model: float = 0.0
     time_sample: float = 0.0
+    time_grammar_wait: float = 0.0  # steps waiting for grammar masks after their forward pass
     rows_stepped: int = 0  # sequences summed over steps: / steps = the mean running batch
     # time_model split between prompt tokens and decoding rows of each step, in
     # proportion to their cost under the calibration (1:1 per token without one).

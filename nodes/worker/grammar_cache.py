@@ -36,6 +36,7 @@ class GrammarCache:
         self._compiled: OrderedDict[str, object] = OrderedDict()
         self.hits = self.misses = 0
         self.compile_seconds = 0.0
+        self.fill_seconds = 0.0  # filling masks, on the cache's thread (beside the model)
 
     @property
     def words(self) -> int:
@@ -84,9 +85,11 @@ class GrammarCache:
         when token t is allowed)."""
         from llguidance.numpy import fill_next_token_bitmask_par
 
+        t0 = time.perf_counter()
         mask = np.zeros((len(matchers), self.words), dtype=np.int32)
         if matchers:
             fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], mask)
+        self.fill_seconds += time.perf_counter() - t0
         return mask
 
     def fill_async(self, matchers: list) -> Future:
@@ -97,4 +100,4 @@ class GrammarCache:
 
     def stats(self) -> dict:
         return {"grammars": len(self._compiled), "hits": self.hits, "misses": self.misses,
-                "compile_seconds": round(self.compile_seconds, 4)}
+                "compile_seconds": round(self.compile_seconds, 4), "fill_seconds": round(self.fill_seconds, 4)}

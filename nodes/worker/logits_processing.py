@@ -21,6 +21,9 @@ _NEG_INF = float("-inf")
 def unpack_bitmask(mask: np.ndarray, vocab: int, device) -> torch.Tensor:
     """[R, words] int32 bitmasks (llguidance's layout: bit t%32 of word t//32) as
     [R, vocab] bools on the device. The packed form is what crosses to the device."""
+    if torch.device(device).type == "cpu":  # numpy unpacks bytes to bits in one C loop
+        bits = np.unpackbits(mask.view(np.uint8), axis=1, count=vocab, bitorder="little")
+        return torch.from_numpy(bits).view(torch.bool)
     words = torch.from_numpy(mask).to(device, non_blocking=True)
     shifts = torch.arange(32, device=device, dtype=torch.int32)
     bits = (words.unsqueeze(-1) >> shifts) & 1
