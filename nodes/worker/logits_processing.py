@@ -24,10 +24,14 @@ def unpack_bitmask(mask: np.ndarray, vocab: int, device) -> torch.Tensor:
     if torch.device(device).type == "cpu":  # numpy unpacks bytes to bits in one C loop
         bits = np.unpackbits(mask.view(np.uint8), axis=1, count=vocab, bitorder="little")
         return torch.from_numpy(bits).view(torch.bool)
-    words = torch.from_numpy(mask).to(device, non_blocking=True)
-    shifts = torch.arange(32, device=device, dtype=torch.int32)
+    return unpack_words(torch.from_numpy(mask).to(device, non_blocking=True), vocab)
+
+
+def unpack_words(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The device's unpacking: [R, words] int32 on the device to [R, vocab] bools."""
+    shifts = torch.arange(32, device=words.device, dtype=torch.int32)
     bits = (words.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(mask.shape[0], -1)[:, :vocab].bool()
+    return bits.reshape(words.shape[0], -1)[:, :vocab].bool()
 
 
 def apply_bitmask(logits: torch.Tensor, rows: list[int], mask: np.ndarray) -> None:
