@@ -18,8 +18,9 @@ the comparator's draw rule), w1 (W1-GPU in-process: the `qwen3-1.7b` preset in b
 decode steps' bytes read per second against the copy rate, prefill's FLOP/s against the
 matmul rate, the calibration), transformers (the same work with `generate`, bf16, SDPA,
 static batches of 64 with left padding, on the first `--hf-sequences`), w1_cluster (the
-same job through a local cluster on the same GPU) and w2 (MiniLM- and bge-base-shaped
-encoders against sentence-transformers in fp16).
+same job through a local cluster on the same GPU), w2 (MiniLM- and bge-base-shaped
+encoders against sentence-transformers in fp16) and structured (W1 prompts constrained
+by a JSON schema against the same work unconstrained, outputs checked).
 
 Without CUDA every section runs at tiny shapes on the CPU, to show the script works:
 its figures mean nothing. The exit code is 1 only when a section failed (a wrong token,
@@ -362,11 +363,59 @@ def w2(args) -> dict:
     return out
 
 
+def structured(args) -> dict:
+    """W1 prompts on the `qwen3-1.7b` preset, every request constrained by a JSON schema
+    (scripts/bench_structured.py's), against the same requests unconstrained generating
+    the constrained run's output lengths, on the device: tokens/s of both, the time steps
+    waited for their masks, and every output that stopped parsed and checked."""
+    from bench_structured import schema
+
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.sampling import SamplingParams
+
+    model = big_model(args)
+    vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
+    work = w1(vocab, min(args.sequences, 256) if GPU else 8)
+    cap = 256 if GPU else 24
+    eng = LLMEngine(model, EngineConfig(device=DEVICE, prefix_caching=False, policy="mb"))
+    constrained = [SamplingParams(max_tokens=min(n, cap), json_schema=schema()) for n in work.output_lens]
+    eng.generate(work.prompts[:2], constrained[:2])  # warm: the grammar's tokenizer, graphs
+
+    def run(params):
+        wait0 = eng.stats.time_grammar_wait
+        t = time.perf_counter()
+        outs = eng.generate(work.prompts, params)
+        wall = time.perf_counter() - t
+        return outs, sum(len(o.token_ids) for o in outs) / wall, eng.stats.time_grammar_wait - wait0
+
+    outs, c_rate, wait = run(constrained)
+    lengths = [len(o.token_ids) for o in outs]
+    bad = []
+    for o in outs:
+        if o.finish_reason == "stop":
+            try:
+                doc = json.loads(o.text)
+                assert set(schema()["required"]) <= set(doc)
+            except Exception as e:
+                bad.append(f"{o.seq_id}: {type(e).__name__} {o.text[:80]!r}")
+    _, p_rate, _ = run([SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
+    _, c_rate2, _ = run(constrained)  # again, after the unconstrained run: the order turned around
+    ratio = statistics.mean([c_rate, c_rate2]) / p_rate
+    return {"ok": not bad, "failures": bad, "sequences": len(outs), "mean_output": statistics.mean(lengths),
+            "stopped": sum(o.finish_reason == "stop" for o in outs), "constrained_tok_s": [c_rate, c_rate2],
+            "plain_tok_s": p_rate, "ratio": ratio, "grammar_wait_s": wait, "grammars": eng.grammars.stats(),
+            "line": f"JSON schema {ratio:.2f}x the unconstrained tokens/s ({p_rate:,.0f} tok/s plain; "
+                    f"{len(outs)} sequences of {statistics.mean(lengths):.0f} tokens on average, "
+                    f"{sum(o.finish_reason == 'stop' for o in outs)} ended by the grammar, {len(bad)} of those not JSON "
+                    f"with the schema's keys); steps waited {wait:.3f} s for masks"}
+
+
 # -- the run ------------------------------------------------------------------------------
 
-SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2")
+SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2",
+            "structured")
 NEEDS = {"greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
-         "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"]}
+         "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
 
 
 def main() -> int:
@@ -396,7 +445,7 @@ def main() -> int:
             "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
-            "w2": lambda: w2(args)}
+            "w2": lambda: w2(args), "structured": lambda: structured(args)}
     failed = False
     t_all = time.perf_counter()
     for name in SECTIONS:
