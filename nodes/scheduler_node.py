@@ -60,6 +60,20 @@ def job_id_for(job_key: str) -> str:
     return "j-" + hashlib.blake2b(job_key.encode(), digest_size=8).hexdigest()
 
 
+def check_settings(program: str, params: dict) -> None:
+    """A generation job's settings, refused here with the field named, whoever sent them:
+    a bad one would otherwise fail every item on a worker."""
+    from shoal.protocol.generation_settings import GENERATION_PROGRAMS
+    from shoal.request_settings import GenerationSettings, SettingsError
+
+    if program in GENERATION_PROGRAMS:
+        try:
+            GenerationSettings.from_wire(params)
+        except SettingsError as e:
+            raise ProtocolError(ProtocolError.INVALID_FIELD,
+                                f"params{'.' + e.field if e.field else ''}: {e}") from None
+
+
 class SchedulerNode(Node):
     role = "scheduler"
 
@@ -179,6 +193,7 @@ class SchedulerNode(Node):
             check_program_name(msg["program"])
         except ProgramError as e:
             raise ProtocolError(ProtocolError.INVALID_FIELD, str(e)) from None
+        check_settings(msg["program"], msg["params"])
         storage = self._storage()
         # The input is checked and made durable on storage, then the job is logged there,
         # before it is accepted: an accepted job survives any node's death. Only a large

@@ -28,7 +28,10 @@ PING = _declare(M("Ping", "Liveness and control-latency probe; answered by Pong.
 PONG = _declare(M("Pong", "Reply to Ping, echoing its send time.", (F("sent_at", "float", 0.0),)))
 
 # -- jobs: client <-> router -------------------------------------------------------------
-SUBMIT_JOB = _declare(M("SubmitJob", "Run a program over items; idempotent on job_key.", (
+SUBMIT_JOB = _declare(M("SubmitJob", "Run a program over items; idempotent on job_key. `params` are the "
+                        "program's arguments; those of a generation program (generate, openai_request) are its "
+                        "settings, the fields of `protocol/generation_settings.py` (1.9), each item's own fields "
+                        "winning over them: an unknown or bad one is refused with `invalid_field`, naming it.", (
     F("job_key", "str"), F("program", "str"), F("params", "dict", dict),
     F("items", "list", list), F("input_path", "str", "", nullable=True), F("upload_id", "str", "")),
     blobs=("items_jsonl",)))

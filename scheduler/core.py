@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 
+from shoal.protocol.generation_settings import max_tokens_for
 from shoal.scheduler.commands import (AssignSequences, AssignSuperBatches, CountResults, DropJob, LogJob,
                                       MigrateSequences, ReadInput, ReadSuperBatchPlan)
 from shoal.scheduler.job import Job, assignment, unit_id
@@ -395,5 +396,4 @@ def kv_need(item: dict, params: dict) -> int:
     operations may need more; the worker's own admission has the last word)."""
     ids, text = item.get("prompt_token_ids"), item.get("prompt")
     prompt = len(ids) if isinstance(ids, list) else len(text) // 3 + 1 if isinstance(text, str) else 1
-    out = item.get("max_tokens") or params.get("max_tokens")
-    return prompt + (out if isinstance(out, int) and out > 0 else 64)  # a bad value fails on the worker
+    return prompt + max_tokens_for(item, params)  # the request contract's resolution

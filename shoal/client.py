@@ -146,9 +146,17 @@ class Client:
 
         Give the items, or `input_path`: a JSONL or Parquet file the storage node reads
         itself (on its own disk or a shared one). Items are checked on storage before
-        the job is accepted; a bad one fails the submit with its place named."""
+        the job is accepted; a bad one fails the submit with its place named. A
+        generation job's `params` are its settings (docs/requests.md): a bad one raises
+        `SettingsError` naming its field, before anything is sent."""
         if (items is None) == (input_path is None):
             raise ValueError("give items or input_path")
+        from shoal.protocol.generation_settings import GENERATION_PROGRAMS
+
+        if program in GENERATION_PROGRAMS:  # refused here, before anything is sent (and on the scheduler)
+            from shoal.request_settings import GenerationSettings
+
+            GenerationSettings.from_wire(params)
         key = job_key or uuid.uuid4().hex
         fields = {"job_key": key, "program": program, "params": params or {}}
         if input_path is not None:

@@ -64,31 +64,28 @@ def add_output_args(g) -> None:
     o.add_argument("--repetition-penalty", type=float, default=1.0)
 
 
-def output_params(args) -> dict:
-    """The flags of add_output_args as SamplingParams fields (n apart)."""
+def job_settings(args):
+    """The command's flags as the job's GenerationSettings (the request contract's
+    checks; a bad flag is an InputError naming it)."""
     from shoal.generate_input import InputError
+    from shoal.request_settings import GenerationSettings, SettingsError
 
-    out = {"logprobs": args.logprobs, "min_tokens": args.min_tokens, "presence_penalty": args.presence_penalty,
-           "frequency_penalty": args.frequency_penalty, "repetition_penalty": args.repetition_penalty,
-           "regex": args.regex, "choice": args.choice}
+    wire = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+            "logprobs": args.logprobs, "min_tokens": args.min_tokens, "presence_penalty": args.presence_penalty,
+            "frequency_penalty": args.frequency_penalty, "repetition_penalty": args.repetition_penalty,
+            "regex": args.regex, "choice": args.choice, "n": args.n}
     if args.json_schema:
         import orjson
 
         try:
-            out["json_schema"] = orjson.loads(Path(args.json_schema).read_bytes())
+            wire["json_schema"] = orjson.loads(Path(args.json_schema).read_bytes())
         except (OSError, orjson.JSONDecodeError) as e:
             raise InputError(f"--json-schema {args.json_schema}: {e}") from None
-    return out
-
-
-def job_params(params, n: int) -> dict:
-    """The job's settings as sent: its SamplingParams, and n where it is not 1."""
-    from shoal.generate_input import InputError
-    from shoal.program import MAX_SAMPLES
-
-    if not 1 <= n <= MAX_SAMPLES:
-        raise InputError(f"--n must be from 1 to {MAX_SAMPLES}, got {n}")
-    return {**params.to_dict(), **({"n": n} if n != 1 else {})}
+    try:
+        return GenerationSettings.from_wire({k: v for k, v in wire.items() if v is not None})
+    except SettingsError as e:
+        flag = f"--{e.field.replace('_', '-')}" if e.field else "the job's settings"
+        raise InputError(f"{flag}: {e}") from None
 
 
 def record_tokens(rec: dict) -> int:
@@ -111,26 +108,24 @@ def cmd_generate(args) -> int:
     from shoal.generate_input import InputError, model_context, read_generate_items_skipping
     from shoal.local_cluster import LocalCluster
     from shoal.progress import Progress
-    from shoal.sampling import RequestError, SamplingParams
+    from shoal.request_settings import SettingsError, check_fits
 
     from shoal.output_path import check_output_file
     from shoal.resumable_output import ResumableOutput, job_fingerprint
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                            **output_params(args))
-    try:
-        params.validate()
-    except RequestError as e:
-        raise InputError(f"the job's settings: {e}") from None
-    sent_params = job_params(params, args.n)
+    settings = job_settings(args)
+    sent_params = settings.to_wire()
     check_output_file(args.output)  # before the job runs: its results are not thrown away at the end
     context = model_context(args.model)
-    if params.max_tokens >= context:
-        raise InputError(f"--max-tokens {params.max_tokens} does not fit the model's context of {context} tokens")
+    try:
+        check_fits(settings.sampling.max_tokens, 0, context)
+    except SettingsError:
+        raise InputError(f"--max-tokens {settings.sampling.max_tokens} does not fit the model's context of "
+                         f"{context} tokens") from None
     # Every line is checked before anything starts; with --on-error skip a bad one becomes
     # its own error record in the output instead of refusing the job.
     items, bad = read_generate_items_skipping(args.input, args.max_item_bytes, max_context=context,
-                                              skip=args.on_error == "skip")
+                                              skip=args.on_error == "skip", job=settings)
     for rec in bad:
         print(f"skipped: {rec['error']}", file=sys.stderr)
     if not items:

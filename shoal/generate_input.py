@@ -1,7 +1,7 @@
 """Reading job input: records `{"id", ...}` from JSONL lines or Parquet rows; for the
-`generate` program `{"id", "prompt" | "prompt_token_ids" | "messages", ["max_tokens"], [sampling overrides]}`
-("messages": a chat, rendered with the model's chat template on the worker)
-(the overrides are `ITEM_SAMPLING_FIELDS`, checked as the CLI checks its flags).
+`generate` program `{"id", "prompt" | "prompt_token_ids" | "messages", [settings]}`
+("messages": a chat, rendered with the model's chat template on the worker; the settings
+are the request contract's fields, `shoal/request_settings.py`, each over the job's).
 
 Every problem is reported with its place (file and line, or upload and line) before
 any work starts. The same checks run in the CLI (on the user's file) and on the storage
@@ -27,19 +27,13 @@ class InputError(ValueError):
 MAX_ITEM_BYTES = 256 << 10
 
 
-# Sampling parameters an item may set for itself, over the job's.
-ITEM_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
-                        "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                        "logprobs", "json_schema", "regex", "choice", "n")
-
-
 @dataclass(frozen=True)
 class GenerateItem:
     id: object
     prompt: str | None
     prompt_token_ids: list[int] | None
     max_tokens: int | None
-    sampling: dict | None = None  # the item's own ITEM_SAMPLING_FIELDS
+    sampling: dict | None = None  # the item's own settings (max_tokens apart)
     messages: list[dict] | None = None
 
     def to_record(self) -> dict:
@@ -56,27 +50,16 @@ class GenerateItem:
         return rec
 
 
-def check_item_sampling(rec: dict, where: str) -> dict:
-    """The item's sampling overrides, refused as the CLI refuses the same flags."""
-    from shoal.sampling import RequestError, SamplingParams
+def check_item_settings(rec: dict, where: str) -> dict:
+    """The item's own settings (max_tokens apart), refused as the CLI refuses the same
+    flags; the request contract (shoal/request_settings.py) does every check."""
+    from shoal.request_settings import SettingsError, check_item
 
-    own = {k: rec[k] for k in ITEM_SAMPLING_FIELDS if k in rec}
-    if not own:
-        return {}
-    n = own.get("n", 1)
-    from shoal.program import MAX_SAMPLES
-
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
-        raise InputError(f"{where}: n must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
-    if "ignore_eos" in own and not isinstance(own["ignore_eos"], bool):
-        raise InputError(f"{where}: ignore_eos must be true or false, got {own['ignore_eos']!r}")
-    for name in ("stop", "stop_token_ids"):
-        if name in own and not isinstance(own[name], list):
-            raise InputError(f"{where}: {name} must be a list, got {own[name]!r}")
     try:
-        SamplingParams(**{k: v for k, v in own.items() if k != "n"}).validate()
-    except (RequestError, TypeError) as e:
+        own = check_item(rec)
+    except SettingsError as e:
         raise InputError(f"{where}: {e}") from None
+    own.pop("max_tokens", None)
     return own
 
 
@@ -85,10 +68,14 @@ class ItemChecker:
     `generate` program are checked field by field; those of other programs need an id
     and, if they carry program arguments, an "args" object (the program reads the rest)."""
 
-    def __init__(self, program: str = "generate", max_item_bytes: int = MAX_ITEM_BYTES, max_context: int | None = None):
+    def __init__(self, program: str = "generate", max_item_bytes: int = MAX_ITEM_BYTES, max_context: int | None = None,
+                 job=None):
         """`max_context`: the model's context in tokens, where the checker knows it: an
-        item whose max_tokens cannot fit in it is refused."""
+        item whose max_tokens cannot fit in it is refused. `job`: the job's
+        GenerationSettings, where the checker knows them (the CLI): each item is then
+        checked with the settings it will run with, relations between fields included."""
         self.program = program
+        self.job = job
         self.max_item_bytes = max_item_bytes
         self.max_context = max_context
         self.seen: dict = {}
@@ -124,6 +111,19 @@ class ItemChecker:
     def _take_id(self, rec: dict, place: int) -> None:
         self.seen[rec["id"]] = place
 
+    def _check_resolved(self, rec: dict, where: str, mt: int | None, prompt_tokens: int) -> None:
+        """The settings the item will run with (the job's under its own, where the job's
+        are known) and the model's context, through the request contract."""
+        from shoal.request_settings import SettingsError, check_fits
+
+        try:
+            if self.job is not None:
+                mt = self.job.resolve(rec).sampling.max_tokens
+            if self.max_context and mt is not None:
+                check_fits(mt, prompt_tokens, self.max_context)
+        except SettingsError as e:
+            raise InputError(f"{where}: {e}") from None
+
     def _check_size(self, rec, where: str) -> None:
         size = len(orjson.dumps(rec))
         if size > self.max_item_bytes:
@@ -150,11 +150,9 @@ class ItemChecker:
         mt = rec.get("max_tokens")
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
             raise InputError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
-        if self.max_context and mt is not None and mt + len(ids or ()) >= self.max_context:
-            with_prompt = f" after a prompt of {len(ids)} tokens" if ids else ""
-            raise InputError(f"{where}: max_tokens {mt}{with_prompt} does not fit the model's context of "
-                             f"{self.max_context} tokens")
-        item = GenerateItem(rid, prompt, ids, mt, check_item_sampling(rec, where), messages)
+        own = check_item_settings(rec, where)
+        self._check_resolved(rec, where, mt, len(ids or ()))
+        item = GenerateItem(rid, prompt, ids, mt, own, messages)
         self._take_id(rec, place)
         return item
 
@@ -215,18 +213,19 @@ def model_context(model_dir: str | Path) -> int:
 
 
 def read_generate_items(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
-                        max_context: int | None = None) -> list[GenerateItem]:
+                        max_context: int | None = None, job=None) -> list[GenerateItem]:
     """Every item, or an InputError naming the first bad line."""
-    items, _ = read_generate_items_skipping(path, max_item_bytes, max_context, skip=False)
+    items, _ = read_generate_items_skipping(path, max_item_bytes, max_context, skip=False, job=job)
     return items
 
 
 def read_generate_items_skipping(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
-                                 max_context: int | None = None, skip: bool = True) -> tuple[list[GenerateItem], list[dict]]:
+                                 max_context: int | None = None, skip: bool = True,
+                                 job=None) -> tuple[list[GenerateItem], list[dict]]:
     """The good items, and an error record for each bad line (`{"id", "line",
     "error", "finish_reason": "error"}`, id null where the line has none), in input
     order; without `skip` the first bad line raises."""
-    checker = ItemChecker(max_item_bytes=max_item_bytes, max_context=max_context)
+    checker = ItemChecker(max_item_bytes=max_item_bytes, max_context=max_context, job=job)
     items, errors = [], []
     for where, place, rec in read_records(path, keep_going=skip):
         try:

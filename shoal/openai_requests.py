@@ -205,12 +205,12 @@ def _logprobs(kind: str, body: dict) -> dict:
 
 def _check_sampling(item: dict) -> None:
     """Refuses what the workers' sampler would (as `shoal generate` refuses an item)."""
-    from shoal.generate_input import InputError, check_item_sampling
+    from shoal.request_settings import GenerationSettings, SettingsError, own_settings
 
-    try:
-        check_item_sampling(item, "body")
-    except InputError as e:
-        raise RequestLineError(str(e)) from None
+    try:  # the line carries all of its settings: checked whole, relations included
+        GenerationSettings.from_wire(own_settings(item))
+    except SettingsError as e:
+        raise RequestLineError(f"body: {e}", param=f"body.{e.field}" if e.field else None) from None
 
 
 def _messages(messages) -> list[dict]:

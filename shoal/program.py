@@ -27,8 +27,6 @@ from typing import Callable
 from shoal.sampling import RequestError, SamplingParams
 
 
-MAX_SAMPLES = 128  # n of one Generate
-CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")  # one setting: an item's replaces the job's
 
 
 class ProgramError(RuntimeError):
@@ -57,6 +55,8 @@ class Generate:
         unknown = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
         if unknown:
             raise RequestError(f"Generate: unknown sampling parameter(s) {', '.join(unknown)}")
+        from shoal.request_settings import MAX_SAMPLES
+
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
             raise RequestError(f"n must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
         if messages is not None:
@@ -276,23 +276,19 @@ def resolve_program(name: str, allowed: tuple[str, ...] | None = None) -> Progra
 
 @program("generate")
 def generate(item: dict, **params):
-    """One Generate per item: the item's prompt (text, token ids or chat messages) with the job's
-    sampling parameters; an item may set its own max_tokens and ITEM_SAMPLING_FIELDS. With
-    n > 1 (the job's or the item's) the record holds the samples as `choices`."""
-    from shoal.generate_input import ITEM_SAMPLING_FIELDS
+    """One Generate per item: the item's prompt (text, token ids or chat messages) with the
+    job's settings under the item's own (`shoal/request_settings.py`). With n > 1 the
+    record holds the samples as `choices`."""
+    from shoal.request_settings import GenerationSettings
 
-    if item.get("max_tokens"):
-        params = {**params, "max_tokens": item["max_tokens"]}
-    own = {k: item[k] for k in ITEM_SAMPLING_FIELDS if k in item}
-    if any(k in own for k in CONSTRAINT_FIELDS):  # the item's constraint replaces the job's
-        params = {k: v for k, v in params.items() if k not in CONSTRAINT_FIELDS}
-    params = {**params, **own}
+    settings = GenerationSettings.from_wire(params).resolve(item)
+    args = {"n": settings.n, **settings.sampling.to_dict()}
     if item.get("messages") is not None:
-        out = yield Generate(messages=item["messages"], **params)
+        out = yield Generate(messages=item["messages"], **args)
     elif item.get("prompt_token_ids") is not None:
-        out = yield Generate(prompt_token_ids=item["prompt_token_ids"], **params)
+        out = yield Generate(prompt_token_ids=item["prompt_token_ids"], **args)
     else:
-        out = yield Generate(prompt=item.get("prompt"), **params)
+        out = yield Generate(prompt=item.get("prompt"), **args)
     return {"choices": [o.to_dict() for o in out]} if isinstance(out, list) else out.to_dict()
 
 

@@ -44,8 +44,10 @@ class SamplingParams:
     choice: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        for name in ("stop", "stop_token_ids"):  # (a lone string or number is refused by validate)
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):
+                object.__setattr__(self, name, tuple(value))
         if self.choice is not None and isinstance(self.choice, list):
             object.__setattr__(self, "choice", tuple(self.choice))
         bias = self.logit_bias
@@ -61,6 +63,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not isinstance(value, kinds) or isinstance(value, bool):
                 raise RequestError(f"{name} must be a number, got {value!r}")
+        for name in ("stop", "stop_token_ids"):
+            if not isinstance(getattr(self, name), tuple):
+                raise RequestError(f"{name} must be a list, got {getattr(self, name)!r}")
         if not all(isinstance(s, str) for s in self.stop):
             raise RequestError(f"stop must be a list of strings, got {list(self.stop)!r}")
         if not all(isinstance(t, int) for t in self.stop_token_ids):
@@ -128,8 +133,12 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """The settings of a checkpoint or a moved sequence; a key this version does not
+        know is refused, never dropped (dropped, it would change the output silently)."""
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise RequestError(f"unknown sampling setting(s) {', '.join(unknown)}")
+        return cls(**d)
 
 
 # Fields added after checkpoints were first written, with their defaults' wire form.

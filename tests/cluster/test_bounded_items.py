@@ -88,3 +88,25 @@ def test_on_error_skip_runs_the_rest_and_records_each_bad_line(tiny_model, tmp_p
     # Without it the first bad line refuses the job.
     res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out))
     assert res.returncode == 2 and "in.jsonl:3: item of" in res.stderr
+
+
+def test_a_bad_setting_is_refused_at_submit_whoever_sends_it(tiny_model, tmp_path):
+    """The SDK refuses it before sending; a client that sends it anyway (the raw protocol)
+    is refused by the scheduler with the field named; a bad item setting is refused by
+    storage with its place. Nothing is accepted, so no item fails later on a worker."""
+    from shoal.request_settings import SettingsError
+    from shoal.transport.rpc import RpcClient
+
+    with shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb") as c:
+        client = shoal.Client(c.router, reply_timeout=30)
+        with pytest.raises(SettingsError, match="temperature must be a number"):
+            client.submit(GOOD, params={"temperature": "hot"})
+        rpc = RpcClient(c.router)
+        for params, field in (({"temperature": "hot"}, "params.temperature"), ({"max_tokns": 4}, "params.max_tokns"),
+                              ({"regex": "a(?=b)"}, "params.regex")):
+            with pytest.raises(RemoteError, match=field.replace(".", r"\.")):
+                rpc.request("SubmitJob", {"job_key": f"raw-{field}", "program": "generate", "params": params,
+                                          "items": GOOD}, timeout=30)
+        with pytest.raises(RemoteError, match=r"2: .*top_p must be in"):
+            client.submit([GOOD[0], {"id": "x", "prompt": "p", "top_p": 7}])
+        assert client.submit(GOOD, params={"max_tokens": 2}).wait(timeout=120)
