@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from shoal.protocol.errors import ShoalError
+
 
 def host_of(address: str) -> str:
     """The host of tcp://HOST:PORT (brackets of an IPv6 host removed)."""
@@ -31,7 +33,7 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-class ExposureError(RuntimeError):
+class ExposureError(ShoalError, RuntimeError):
     """A node would listen beyond loopback without what that requires."""
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoal.nodes.append_log import AppendLog
+from shoal.protocol.errors import ShoalError
 
 _RANK = {"running": 0, "done": 1, "cancelled": 1}
 REQUIRED = ("job_id", "job_key", "program", "params", "total", "state")
 
 
-class StaleEpoch(ValueError):
+class StaleEpoch(ShoalError, ValueError):
     """A command from a leader older than one this log has already seen."""
 
 

@@ -10,7 +10,17 @@ request should do: fix the request (malformed ... forbidden), ask again later
 from __future__ import annotations
 
 
-class ProtocolError(ValueError):
+class ShoalError(Exception):
+    """The base of every error Shoal raises on purpose, so a caller can catch them all in
+    one clause (`except shoal.ShoalError`). `code` is the protocol's error code where one
+    applies (a refusal that crossed the wire, below), else None; the message names the
+    problem. Each subclass keeps the built-in base it always had (ValueError for bad
+    input, RuntimeError for a failed run) so existing `except` clauses still hold."""
+
+    code: str | None = None
+
+
+class ProtocolError(ShoalError, ValueError):
     # The message itself is wrong.
     BAD_VERSION = "bad_version"
     UNKNOWN_TYPE = "unknown_type"

@@ -12,8 +12,10 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from shoal.protocol.errors import ShoalError
 
-class StateError(ValueError):
+
+class StateError(ShoalError, ValueError):
     """A sequence state that cannot be imported here; the message says why."""
 
 

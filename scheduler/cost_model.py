@@ -15,10 +15,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from shoal.protocol.errors import ShoalError
+
 R2_FLOOR = 0.9  # a fit explaining less than this of the variance is noise
 
 
-class CalibrationError(ValueError):
+class CalibrationError(ShoalError, ValueError):
     """A calibration that must not drive scheduling; the message says why."""
 
 

@@ -7,8 +7,10 @@ the smallest node id, so the same cluster state always gives the same placement.
 
 from __future__ import annotations
 
+from shoal.protocol.errors import ShoalError
 
-class PlacementError(ValueError):
+
+class PlacementError(ShoalError, ValueError):
     """The shards cannot be placed as asked; the message says why."""
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shoal.protocol.errors import ShoalError
+
 KINDS = ("ivf", "hnsw")
 # Search defaults, measured on 1M vectors of intrinsic dimension 32 in 384 dimensions
 # (scripts/bench_ann_index.py): recall@10 >= 0.95 against exact search.
@@ -29,7 +31,7 @@ TRAIN_POINTS_PER_LIST = 64  # k-means sample (faiss wants at least 39 per list)
 SEARCH_PARAMS = {"ivf": "nprobe", "hnsw": "ef"}
 
 
-class AnnIndexError(ValueError):
+class AnnIndexError(ShoalError, ValueError):
     """faiss missing, or parameters an index cannot take; the message says which."""
 
 

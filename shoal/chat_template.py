@@ -18,12 +18,14 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
+from shoal.protocol.errors import ShoalError
+
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # Older names of a message's reasoning, filled in under each other's names as transformers does.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(ShoalError, ValueError):
     """A template that cannot be read or rendered, or messages it cannot take."""
 
 

@@ -7,6 +7,7 @@ import sys
 
 from shoal.generate_cli import DTYPE_HELP
 from shoal.nodes.worker.device_choice import DEVICE_HELP, device_arg
+from shoal.protocol.errors import ShoalError
 
 
 def cmd_make_model(args) -> int:
@@ -90,10 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(fn=cmd_calibrate)
 
     args = ap.parse_args(argv)
-    from shoal.extras import MissingExtra
-    from shoal.generate_input import InputError
-    from shoal.transport.rpc import RemoteError
-    from shoal.sampling import RequestError
 
     import logging
 
@@ -104,18 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: what was started for the command is stopped
         print(f"shoal {args.cmd}: interrupted ({e or 'Ctrl-C'})", file=sys.stderr)
         return 130
-    except MissingExtra as e:  # e.g. `pip install shoal` (the client) running a local cluster
-        print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
-    except RemoteError as e:  # the cluster refused the job: its message names the problem
-        print(f"shoal {args.cmd}: error: {e.message}", file=sys.stderr)
-        return 2
     except TimeoutError as e:  # the cluster did not answer: the message names what
         print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
         return 3
-    except (InputError, RequestError, ValueError, RuntimeError, FileNotFoundError, FileExistsError) as e:
-        print(f"shoal {args.cmd}: error: {e}", file=sys.stderr)
+    except (ShoalError, ValueError, RuntimeError, OSError) as e:  # a refusal names its problem: one shape
+        print(f"shoal {args.cmd}: error: {error_message(e)}", file=sys.stderr)
         return 2
+
+
+def error_message(e: Exception) -> str:
+    """What the user reads of an error: a refusal that crossed the wire without its code
+    (the message names the problem), anything else as it says itself."""
+    return e.message if isinstance(e, ShoalError) and e.code and hasattr(e, "message") else str(e)
 
 
 def _stop_on_signals() -> None:

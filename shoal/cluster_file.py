@@ -42,10 +42,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.protocol.errors import ShoalError
+
 ROLES = ("router", "scheduler", "storage", "worker")
 
 
-class ClusterFileError(ValueError):
+class ClusterFileError(ShoalError, ValueError):
     """A cluster file that cannot be used; the message names the field."""
 
 

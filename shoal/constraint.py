@@ -17,6 +17,8 @@ from functools import lru_cache
 
 import orjson
 
+from shoal.protocol.errors import ShoalError
+
 KINDS = ("json_schema", "regex", "choice")
 
 # JSON is written as Python's json.dumps writes it (", " and ": ", no other whitespace):
@@ -26,7 +28,7 @@ KINDS = ("json_schema", "regex", "choice")
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-class ConstraintError(ValueError):
+class ConstraintError(ShoalError, ValueError):
     """A constraint that cannot compile; the message names the field and the problem."""
 
 

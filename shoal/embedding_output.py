@@ -23,10 +23,12 @@ from pathlib import Path
 
 import orjson
 
+from shoal.protocol.errors import ShoalError
+
 VECTOR_DTYPES = ("float32", "float16")
 
 
-class OutputMismatch(ValueError):
+class OutputMismatch(ShoalError, ValueError):
     """The directory holds embeddings made differently; the message says how."""
 
 

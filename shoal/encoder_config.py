@@ -9,8 +9,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.protocol.errors import ShoalError
 
-class EncoderError(ValueError):
+
+class EncoderError(ShoalError, ValueError):
     """An encoder folder that cannot be loaded; the message names the file and why."""
 
 

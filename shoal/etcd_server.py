@@ -13,8 +13,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from shoal.protocol.errors import ShoalError
 
-class EtcdUnavailable(RuntimeError):
+
+class EtcdUnavailable(ShoalError, RuntimeError):
     """No etcd binary here, or it did not come up."""
 
 

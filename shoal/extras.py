@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib
 
+from shoal.protocol.errors import ShoalError
 
-class MissingExtra(ImportError):
+
+class MissingExtra(ShoalError, ImportError):
     """A feature needs packages an extra of Shoal brings, and they are not installed."""
 
 

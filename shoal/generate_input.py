@@ -16,8 +16,10 @@ from pathlib import Path
 
 import orjson
 
+from shoal.protocol.errors import ShoalError
 
-class InputError(ValueError):
+
+class InputError(ShoalError, ValueError):
     """Bad job input; the message names the file and line."""
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.protocol.errors import ShoalError
+
 URL_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 
 # Accepted and without effect on the output.
@@ -41,7 +43,7 @@ EMBEDDING_FIELDS = frozenset({"input", "encoding_format", "dimensions"})
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the API's default for /v1/completions
 
 
-class RequestLineError(ValueError):
+class RequestLineError(ShoalError, ValueError):
     """A line that cannot run: `code` as the Batch API's errors name them, `param` the
     field at fault, `custom_id` where the line has one."""
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from shoal.sampling import RequestError, SamplingParams
+from shoal.protocol.errors import ShoalError
 
 
 
 
-class ProgramError(RuntimeError):
+class ProgramError(ShoalError, RuntimeError):
     """A program that cannot be found, imported or run; the message names it."""
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from shoal.constraint import Constraint, ConstraintError, check_compiles, constraint_of
+from shoal.protocol.errors import ShoalError
 
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs allows
 
 
-class RequestError(ValueError):
+class RequestError(ShoalError, ValueError):
     """A request the engine refuses; the message names the problem and the sequence."""
 
 

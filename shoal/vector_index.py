@@ -26,11 +26,13 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from shoal.protocol.errors import ShoalError
+
 FORMAT = 1
 KINDS = ("exact", "ivf", "hnsw")
 
 
-class IndexFileError(ValueError):
+class IndexFileError(ShoalError, ValueError):
     """An index that cannot be built, read or used as asked; the message says why."""
 
 

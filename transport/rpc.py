@@ -15,12 +15,13 @@ import zmq
 
 from shoal.transport import sockets
 from shoal.protocol.codec import Message, decode, encode, new_message_id
+from shoal.protocol.errors import ShoalError
 
 # Seconds to wait for a reply; tests with injected faults shorten it.
 DEFAULT_TIMEOUT_S = float(os.environ.get("SHOAL_RPC_TIMEOUT_S", "10"))
 
 
-class RemoteError(RuntimeError):
+class RemoteError(ShoalError, RuntimeError):
     """The node answered with an Error message."""
 
     def __init__(self, code: str, message: str):
@@ -29,7 +30,7 @@ class RemoteError(RuntimeError):
         self.message = message
 
 
-class HandshakeFailed(RuntimeError):
+class HandshakeFailed(ShoalError, RuntimeError):
     """The connection's security handshake failed: a request can never be answered."""
 
 

@@ -14,8 +14,10 @@ import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from shoal.protocol.errors import ShoalError
 
-class OutOfBlocks(RuntimeError):
+
+class OutOfBlocks(ShoalError, RuntimeError):
     """No free KV block; the caller preempts or waits."""
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from shoal.protocol.errors import ShoalError
+
 DEVICE_HELP = "auto (a GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"
 
 
-class DeviceError(ValueError):
+class DeviceError(ShoalError, ValueError):
     """A device that cannot be used here, named with the reason."""
 
 

@@ -18,18 +18,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from shoal.protocol.errors import ProtocolError
+from shoal.protocol.errors import ProtocolError, ShoalError
 from shoal.transport.rpc import RemoteError, RpcClient
 from shoal.topk import merge
 
 SUSPECT_S = 10.0  # a replica that failed is tried last for this long
 
 
-class IndexUnavailable(RuntimeError):
+class IndexUnavailable(ShoalError, RuntimeError):
     """The index, or one of its shards, cannot be searched; the message says why."""
 
 
-class SearchRefused(ValueError):
+class SearchRefused(ShoalError, ValueError):
     """A replica refused the search itself (bad queries, or a bug): another replica
     would too, so it is not retried."""
 

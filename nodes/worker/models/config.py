@@ -11,8 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.protocol.errors import ShoalError
 
-class ModelError(ValueError):
+
+class ModelError(ShoalError, ValueError):
     """A model folder that Shoal cannot load; the message says why."""
 
 
