@@ -22,7 +22,7 @@ from shoal.nodes.leader import LeaderView
 from shoal.nodes.address_book import AddressBook
 from shoal.nodes.data_roots import DataRoots
 from shoal.nodes.membership import MemberView
-from shoal.nodes.parked_reads import MAX_WAIT_S
+from shoal.nodes.storage.parked_reads import MAX_WAIT_S
 from shoal.nodes.scheduler_node import INGEST_TIMEOUT_S
 from shoal.nodes.node import add_data_root_arg, data_roots_of, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.protocol.codec import Message, encode

@@ -70,7 +70,7 @@ def rss() -> int:
 
 def child(folder: str, kind: str, queries_file: str, batch: int, k: int, peer: bool) -> None:
     """Loads every shard as a storage node does, then searches: one JSON line on stdout."""
-    from shoal.nodes.index_shard import IndexShard
+    from shoal.nodes.storage.index_shard import IndexShard
     from shoal.topk import merge
     from shoal.vector_index import read_manifest
 
@@ -113,7 +113,7 @@ def streamed_exact(folder: str, meta: dict, queries: np.ndarray, batch: int, k: 
     searched in turn, their loading left out."""
     import gc
 
-    from shoal.nodes.index_shard import IndexShard
+    from shoal.nodes.storage.index_shard import IndexShard
     from shoal.topk import merge
 
     per_query: list[list] = [[] for _ in queries]

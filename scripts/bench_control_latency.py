@@ -41,7 +41,7 @@ def main() -> None:
 
         make_model(args.model, preset="small", dtype="bfloat16")
     tmp = tempfile.mkdtemp()
-    st, st_addr = spawn(["-m", "shoal.nodes.storage", "--dir", tmp], "storage:")
+    st, st_addr = spawn(["-m", "shoal.nodes.storage.storage_node", "--dir", tmp], "storage:")
     wk, wk_addr = spawn(["-m", "shoal.nodes.worker.worker_node", "--model", args.model, "--storage", st_addr,
                          "--policy", "mb", "--budget", str(args.budget)], "worker:")
     try:

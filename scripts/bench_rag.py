@@ -54,7 +54,7 @@ class LocalIndex:
     """The IndexClient interface over shards loaded in this process (no network)."""
 
     def __init__(self, folder: Path):
-        from shoal.nodes.index_shard import IndexShard
+        from shoal.nodes.storage.index_shard import IndexShard
         from shoal.vector_index import read_manifest
 
         self.meta = read_manifest(folder)

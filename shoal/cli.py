@@ -37,7 +37,7 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-NODE_MAINS = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
+NODE_MAINS = {"storage": "shoal.nodes.storage.storage_node", "worker": "shoal.nodes.worker.worker_node",
               "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router"}
 
 

@@ -14,7 +14,7 @@ from shoal.vector_index import IndexFileError, ShardWriter
 def _corpus_texts(embeddings: Path):
     """A reader of (id, text) rows of the embedded corpus: the copy the storage node
     ingested, which the embedding output points at."""
-    from shoal.nodes.corpus_store import Corpus
+    from shoal.nodes.storage.corpus_store import Corpus
 
     pointer = embeddings / "corpus.json"
     if not pointer.exists():

@@ -158,7 +158,7 @@ class LocalCluster:
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
             for i in range(self.storage_nodes):
                 folder = self.dir / ("storage" if i == 0 else f"storage-{i}")
-                self._spawn(f"storage-{i}", ["shoal.nodes.storage", "--dir", str(folder), "--node-id", f"storage-{i}", *e,
+                self._spawn(f"storage-{i}", ["shoal.nodes.storage.storage_node", "--dir", str(folder), "--node-id", f"storage-{i}", *e,
                                                     *self.storage_args])
             for i in range(self.schedulers):
                 self._spawn(f"scheduler-{i}", ["shoal.nodes.scheduler_node", "--node-id", f"scheduler-{i}", *e,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODULES = {"storage": "shoal.nodes.storage", "worker": "shoal.nodes.worker.worker_node",
+MODULES = {"storage": "shoal.nodes.storage.storage_node", "worker": "shoal.nodes.worker.worker_node",
            "scheduler": "shoal.nodes.scheduler_node", "router": "shoal.nodes.router",
            "simhost": "shoal.nodes.sim_worker_host"}  # simhost: simulated workers (benchmarks)
 

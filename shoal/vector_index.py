@@ -8,7 +8,7 @@
     <dir>/shard-NNNNN.faiss       kinds ivf and hnsw: the shard's faiss index (`ann_index.py`)
 
 Rows go to shards in contiguous ranges of the corpus's partition order. Storage nodes
-load shards (`nodes/index_shard.py`) and search them: exactly (kind `exact`), or through
+load shards (`nodes/storage/index_shard.py`) and search them: exactly (kind `exact`), or through
 the faiss index (kinds `ivf`, `hnsw`, whose build parameters and search defaults are
 the shard's `ann`). The vectors file stays beside a faiss index: it is what the index
 was built from, and a later build of another kind reads it.

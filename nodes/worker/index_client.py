@@ -2,7 +2,7 @@
 send each shard the whole batch of queries in one call, fail over between replicas,
 merge by score.
 
-Storage nodes publish the shards they hold (`nodes/index_service.py`). A shard's
+Storage nodes publish the shards they hold (`nodes/storage/index_service.py`). A shard's
 replicas are tried in turn, each for `attempt_s`; one that fails is skipped for a
 while. If no replica answers, the membership is read again (a shard may have been
 loaded elsewhere) until `timeout_s` has passed, and then the search fails with an

@@ -17,7 +17,7 @@ from shoal.transport.rpc import RpcClient
 
 def start_storage(tmp_path, keys_dir):
     env = {**os.environ, "SHOAL_CURVE_KEYS": str(keys_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.nodes.storage", "--dir", str(tmp_path / "st"), "--node-id", "st"],
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.nodes.storage.storage_node", "--dir", str(tmp_path / "st"), "--node-id", "st"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     line = proc.stdout.readline().strip()
     assert line.startswith("storage: tcp://"), line

@@ -26,7 +26,7 @@ def test_nodes_listing_and_metrics(tiny_model, tmp_path):
         assert "leader True" in next(ln for ln in lines if ln.startswith("scheduler"))
         # A storage node with a metrics port, scraped over HTTP.
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "shoal.nodes.storage", "--dir", str(tmp_path / "s2"),
+        proc = subprocess.Popen([sys.executable, "-m", "shoal.nodes.storage.storage_node", "--dir", str(tmp_path / "s2"),
                                  "--metrics-port", str(port)], stdout=subprocess.PIPE, text=True)
         try:
             proc.stdout.readline()

@@ -19,7 +19,7 @@ from shoal.transport.rpc import RemoteError, RpcClient
 
 
 def start_storage(data_dir, etcd=None, cluster="default"):
-    cmd = [sys.executable, "-m", "shoal.nodes.storage", "--dir", str(data_dir), "--node-id", "st-1"]
+    cmd = [sys.executable, "-m", "shoal.nodes.storage.storage_node", "--dir", str(data_dir), "--node-id", "st-1"]
     if etcd:
         cmd += ["--etcd", etcd, "--cluster", cluster]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -26,7 +26,7 @@ def spawn(cmd, prefix):
 
 @pytest.fixture
 def worker(tmp_path, tiny_model, etcd_endpoint, cluster_name):
-    st, st_addr = spawn(["-m", "shoal.nodes.storage", "--dir", str(tmp_path / "st")], "storage:")
+    st, st_addr = spawn(["-m", "shoal.nodes.storage.storage_node", "--dir", str(tmp_path / "st")], "storage:")
     wk, wk_addr = spawn(["-m", "shoal.nodes.worker.worker_node", "--model", str(tiny_model), "--storage", st_addr,
                          "--policy", "mb", "--etcd", etcd_endpoint, "--cluster", cluster_name, "--node-id", "w-1",
                          "--step-log", str(tmp_path / "steps.log")],

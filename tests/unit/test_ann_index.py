@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shoal.nodes.index_shard import IndexShard
+from shoal.nodes.storage.index_shard import IndexShard
 from shoal.topk import merge
 from shoal.vector_index import IndexFileError, read_manifest, write_index
 

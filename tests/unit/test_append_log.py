@@ -6,10 +6,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from shoal.nodes.append_log import AppendLog
-from shoal.nodes.checkpoint_store import CheckpointStore
-from shoal.nodes.job_log import JobLog
-from shoal.nodes.result_log import ResultLog
+from shoal.nodes.storage.append_log import AppendLog
+from shoal.nodes.storage.checkpoint_store import CheckpointStore
+from shoal.nodes.storage.job_log import JobLog
+from shoal.nodes.storage.result_log import ResultLog
 
 
 def test_torn_tail_is_cut_and_the_next_append_starts_clean(tmp_path):

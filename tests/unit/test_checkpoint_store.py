@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.nodes.checkpoint_store import CheckpointStore
+from shoal.nodes.storage.checkpoint_store import CheckpointStore
 
 
 def state(ops: int, tokens: int) -> dict:

@@ -14,8 +14,8 @@ import pytest
 from shoal.corpus_reader import CorpusSpec
 from shoal.embeddings import EmbeddingSet
 from shoal.generate_input import InputError
-from shoal.nodes import corpus_store
-from shoal.nodes.corpus_store import CorpusStore
+from shoal.nodes.storage import corpus_store
+from shoal.nodes.storage.corpus_store import CorpusStore
 from shoal.embedding_output import EmbeddingOutput, OutputMismatch
 
 

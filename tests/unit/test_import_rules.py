@@ -23,14 +23,14 @@ def test_the_checker_finds_a_forbidden_arrow_and_a_cycle(tmp_path):
         "protocol/__init__.py": "",
         "protocol/codec.py": "from shoal.nodes import node\n",  # the protocol imports nothing of Shoal
         "nodes/__init__.py": "",
-        "nodes/node.py": "import shoal.nodes.storage\n",
-        "nodes/storage.py": "def f():\n    from shoal.client import Client\n\nimport shoal.nodes.node\n",
+        "nodes/node.py": "import shoal.nodes.storage.storage_node\n",
+        "nodes/storage/storage_node.py": "def f():\n    from shoal.client import Client\n\nimport shoal.nodes.node\n",
         "shoal/__init__.py": "", "shoal/client.py": "", "transport/__init__.py": "", "scheduler/__init__.py": "",
     })
     found = violations(root)
     assert any("protocol/codec.py:1: protocol shoal.protocol.codec -> nodes shoal.nodes.node" in v for v in found)
-    assert any("nodes/storage.py:2: nodes shoal.nodes.storage -> sdk shoal.client" in v for v in found)  # a late import counts
-    assert cycles(root) == [["shoal.nodes.node", "shoal.nodes.storage"]]
+    assert any("nodes/storage/storage_node.py:2: nodes shoal.nodes.storage.storage_node -> sdk shoal.client" in v for v in found)  # a late import counts
+    assert cycles(root) == [["shoal.nodes.node", "shoal.nodes.storage.storage_node"]]
 
 
 def test_the_repository_keeps_its_layering():

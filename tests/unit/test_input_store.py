@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shoal.generate_input import InputError
-from shoal.nodes.input_store import InputStore
+from shoal.nodes.storage.input_store import InputStore
 
 
 def jsonl(items):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.nodes import parked_reads
-from shoal.nodes.parked_reads import ParkedRead, ParkedReads
+from shoal.nodes.storage import parked_reads
+from shoal.nodes.storage.parked_reads import ParkedRead, ParkedReads
 
 pytestmark = pytest.mark.timeout(10)
 

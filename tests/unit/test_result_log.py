@@ -1,4 +1,4 @@
-from shoal.nodes.result_log import ResultLog
+from shoal.nodes.storage.result_log import ResultLog
 
 
 def test_first_writer_wins_and_offsets(tmp_path):
@@ -25,7 +25,7 @@ def test_recovery_cuts_a_torn_tail(tmp_path):
 
 
 def test_reads_stop_at_a_byte_budget_but_return_at_least_one(tmp_path):
-    from shoal.nodes.result_log import ResultLog
+    from shoal.nodes.storage.result_log import ResultLog
 
     log = ResultLog(tmp_path / "r.wal")
     log.append([{"id": i, "text": "x" * 100} for i in range(5)])

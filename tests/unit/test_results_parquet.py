@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pyarrow.parquet as pq
 
-from shoal.nodes.result_compaction import compact
+from shoal.nodes.storage.result_compaction import compact
 from shoal.results_parquet import jsonl_to_parquet
 
 

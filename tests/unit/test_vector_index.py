@@ -4,7 +4,7 @@ import numpy as np
 import orjson
 import pytest
 
-from shoal.nodes.index_shard import IndexShard
+from shoal.nodes.storage.index_shard import IndexShard
 from shoal.topk import merge
 from shoal.vector_index import IndexFileError, read_manifest, write_index
 
@@ -59,7 +59,7 @@ def test_nan_vectors_are_refused_and_nan_scores_rank_last(tmp_path):
 def test_a_storage_node_keeps_its_index_when_a_load_fails_and_sees_a_rebuild(tmp_path):
     from collections import Counter
 
-    from shoal.nodes.index_service import IndexService
+    from shoal.nodes.storage.index_service import IndexService
 
     write_index(tmp_path / "ix", ["a", "b"], ["x", "y"], np.eye(2, dtype=np.float32), "enc", shards=2)
     service = IndexService(tmp_path / "node", Counter())

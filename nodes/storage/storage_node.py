@@ -19,17 +19,17 @@ from pathlib import Path
 
 import orjson
 from shoal.generate_input import MAX_ITEM_BYTES, InputError
-from shoal.nodes.checkpoint_store import CheckpointStore
+from shoal.nodes.storage.checkpoint_store import CheckpointStore
 from shoal.nodes.data_roots import DataRoots
-from shoal.nodes.embedding_jobs import EmbeddingJobs
-from shoal.nodes.index_service import IndexService
-from shoal.nodes.search_server import SearchServer
-from shoal.nodes.input_store import InputStore, check_name
-from shoal.nodes.job_log import JobLog, StaleEpoch
-from shoal.nodes.parked_reads import MAX_WAIT_S, ParkedRead, ParkedReads
+from shoal.nodes.storage.embedding_jobs import EmbeddingJobs
+from shoal.nodes.storage.index_service import IndexService
+from shoal.nodes.storage.search_server import SearchServer
+from shoal.nodes.storage.input_store import InputStore, check_name
+from shoal.nodes.storage.job_log import JobLog, StaleEpoch
+from shoal.nodes.storage.parked_reads import MAX_WAIT_S, ParkedRead, ParkedReads
 from shoal.nodes.node import Node, add_data_root_arg, data_roots_of, lasting_node_id, node_arg_parser, parse_node_args, run_node, start_logging
-from shoal.nodes.result_compaction import compact
-from shoal.nodes.result_log import ResultLog
+from shoal.nodes.storage.result_compaction import compact
+from shoal.nodes.storage.result_log import ResultLog
 from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.protocol.size_limits import BATCH_BYTES

@@ -29,7 +29,7 @@ import orjson
 
 from shoal.corpus_reader import CorpusReport, CorpusSpec, corpus_rows
 from shoal.generate_input import InputError
-from shoal.nodes.input_store import check_name, write_atomic
+from shoal.nodes.storage.input_store import check_name, write_atomic
 
 ROW = np.dtype([("offset", "<u8"), ("length", "<u4")])
 _ORDER = np.dtype([("offset", "<u8"), ("length", "<u4"), ("partition", "<u4")])

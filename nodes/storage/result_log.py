@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 
-from shoal.nodes.append_log import AppendLog
+from shoal.nodes.storage.append_log import AppendLog
 
 
 class ResultLog:

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from shoal.nodes.index_shard import IndexShard
-from shoal.nodes.input_store import write_atomic
+from shoal.nodes.storage.index_shard import IndexShard
+from shoal.nodes.storage.input_store import write_atomic
 from shoal.protocol.codec import Message, encode
 from shoal.protocol.errors import ProtocolError
 from shoal.vector_index import IndexFileError

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.nodes.append_log import AppendLog
+from shoal.nodes.storage.append_log import AppendLog
 from shoal.protocol.errors import ShoalError
 
 _RANK = {"running": 0, "done": 1, "cancelled": 1}

@@ -20,8 +20,8 @@ import orjson
 
 from shoal.corpus_reader import CorpusSpec
 from shoal.generate_input import InputError
-from shoal.nodes.corpus_store import CorpusStore
-from shoal.nodes.input_store import check_name, write_atomic
+from shoal.nodes.storage.corpus_store import CorpusStore
+from shoal.nodes.storage.input_store import check_name, write_atomic
 from shoal.embedding_output import VECTOR_DTYPES, EmbeddingOutput, OutputMismatch
 from shoal.protocol.arrow_table import table_from_ipc, table_to_ipc
 from shoal.protocol.codec import Message, encode
