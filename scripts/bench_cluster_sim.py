@@ -2,7 +2,7 @@
 static partitioning, on heavy-tailed workloads.
 
 Every side runs the same simulated workers (the engine's real step planner, a step-time
-model from a published calibration; `scheduler/sim_worker_node.py`) on a virtual clock:
+model from a published calibration; `scheduler/sim/sim_worker_node.py`) on a virtual clock:
 
 - shoal: the scheduler core (`scheduler/core.py`, the code the scheduler node runs):
   items read in pages as workers have room, placed by speed, work stealing, moves with
@@ -28,10 +28,10 @@ import logging
 import time
 from pathlib import Path
 
-from shoal.scheduler import sim_workloads as wl
-from shoal.scheduler.cluster_sim import ClusterSim, SimOutcome, run_static
+from shoal.scheduler.sim import sim_workloads as wl
+from shoal.scheduler.sim.cluster_sim import ClusterSim, SimOutcome, run_static
 from shoal.scheduler.cost_model import H200_QWEN3_8B, RTX6000_QWEN3_8B
-from shoal.scheduler.sim_worker_node import WorkerSpec
+from shoal.scheduler.sim.sim_worker_node import WorkerSpec
 
 H200 = WorkerSpec(H200_QWEN3_8B, r_star=0.8, max_seqs=256, kv_blocks=53_000)  # ~125 GB of KV after 16 GB of weights
 RTX6000 = WorkerSpec(RTX6000_QWEN3_8B, r_star=0.2, max_seqs=256, kv_blocks=33_000)  # 96 GB card

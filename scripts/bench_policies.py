@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from shoal.scheduler import eb_math  # noqa: E402
-from shoal.scheduler.simulator import synthetic_requests  # noqa: E402
+from shoal.scheduler.sim.simulator import synthetic_requests  # noqa: E402
 
 
 def trace(name: str, scale: int, per_phase: int, seed: int = 0):

@@ -14,9 +14,9 @@ import argparse
 from shoal.scheduler.adaptive_planner import AdaptivePlanner
 from shoal.scheduler.cost_model import H200_QWEN3_8B, RTX6000_QWEN3_8B
 from shoal.scheduler.exclusive_planner import ExclusiveBatchPlanner
-from shoal.scheduler.simulator import StepTimeModel, simulate
+from shoal.scheduler.sim.simulator import StepTimeModel, simulate
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
-from shoal.scheduler.traces import CELLS, cell, concurrency_shift, distribution_shift
+from shoal.scheduler.sim.traces import CELLS, cell, concurrency_shift, distribution_shift
 
 DEVICES = {"H200": (H200_QWEN3_8B, 0.8), "RTX PRO 6000": (RTX6000_QWEN3_8B, 0.2)}
 BLOCKS = 40_000  # ~640K tokens of KV: an 8B model's cache on either card

@@ -2,11 +2,11 @@
 
 import pytest
 
-from shoal.scheduler import sim_workloads as wl
-from shoal.scheduler.cluster_sim import ClusterSim, ideal_s, run_static
+from shoal.scheduler.sim import sim_workloads as wl
+from shoal.scheduler.sim.cluster_sim import ClusterSim, ideal_s, run_static
 from shoal.scheduler.cost_model import H200_QWEN3_8B, RTX6000_QWEN3_8B
-from shoal.scheduler.simulator import SimSeq, SimWorker, StepTimeModel
-from shoal.scheduler.sim_worker_node import SimWorkerNode, WorkerSpec
+from shoal.scheduler.sim.simulator import SimSeq, SimWorker, StepTimeModel
+from shoal.scheduler.sim.sim_worker_node import SimWorkerNode, WorkerSpec
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 
 H200 = WorkerSpec(H200_QWEN3_8B, max_seqs=32, kv_blocks=20_000)

@@ -45,7 +45,7 @@ def _loaded(code: str) -> set[str]:
 
 
 def test_policies_load_no_zmq_and_the_sdk_no_torch():
-    policies = _loaded("import shoal.scheduler.core, shoal.scheduler.cluster_sim, shoal.scheduler.step_planner")
+    policies = _loaded("import shoal.scheduler.core, shoal.scheduler.sim.cluster_sim, shoal.scheduler.step_planner")
     assert "zmq" not in policies and "shoal.client" not in policies
     sdk = _loaded("import shoal; shoal.Client; import shoal.embeddings")
     assert "torch" not in sdk and "shoal.client" in sdk

@@ -3,7 +3,7 @@
 from shoal.scheduler import commands as cmd
 from shoal.scheduler.core import SchedulerCore
 from shoal.scheduler.job import Job
-from shoal.scheduler.memory_storage import MemoryStorage
+from shoal.scheduler.sim.memory_storage import MemoryStorage
 from shoal.scheduler.worker_info import WorkerInfo
 
 

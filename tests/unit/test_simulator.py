@@ -8,9 +8,9 @@ import pytest
 from shoal.scheduler.adaptive_planner import AdaptivePlanner
 from shoal.scheduler.cost_model import H200_QWEN3_8B, RTX6000_QWEN3_8B
 from shoal.scheduler.exclusive_planner import ExclusiveBatchPlanner
-from shoal.scheduler.simulator import StepTimeModel, simulate
+from shoal.scheduler.sim.simulator import StepTimeModel, simulate
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
-from shoal.scheduler.traces import cell, distribution_shift
+from shoal.scheduler.sim.traces import cell, distribution_shift
 
 BLOCKS = 40_000
 CFG = PlannerConfig(block_size=16, max_num_batched_tokens=8192, max_num_seqs=256, num_blocks=BLOCKS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.scheduler.simulator import Request, synthetic_requests
+from shoal.scheduler.sim.simulator import Request, synthetic_requests
 
 # (mean prompt, mean output) of the paper's synthetic workloads, ±50% jitter.
 CELLS = {"decode-heavy": (128, 1024), "balanced": (512, 512), "prefill-heavy": (1024, 128)}

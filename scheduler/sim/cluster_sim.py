@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from shoal.scheduler import commands as cmd
 from shoal.scheduler.core import SchedulerCore
 from shoal.scheduler.job import Job
-from shoal.scheduler.memory_storage import MemoryStorage
-from shoal.scheduler.sim_worker_node import SimWorkerNode, WorkerSpec, ship_or_reprefill
+from shoal.scheduler.sim.memory_storage import MemoryStorage
+from shoal.scheduler.sim.sim_worker_node import SimWorkerNode, WorkerSpec, ship_or_reprefill
 
 FAR = 1e12  # a horizon past any job
 

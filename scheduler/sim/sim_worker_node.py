@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shoal.scheduler.cost_model import CostModel
 from shoal.scheduler.kv_transfer import decide_kv
-from shoal.scheduler.simulator import SimSeq, SimWorker, StepTimeModel
+from shoal.scheduler.sim.simulator import SimSeq, SimWorker, StepTimeModel
 from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig
 from shoal.scheduler.worker_info import WorkerInfo
 
