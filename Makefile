@@ -43,7 +43,7 @@ demo: $(STAMP)
 		--input $(DEMO_DIR)/data/questions.jsonl --output $(DEMO_DIR)/answers.jsonl --hops 3 --k 4 --storage-nodes 2
 	@echo "answers: $(DEMO_DIR)/answers.jsonl"
 
-# This host's nodes from the cluster file (see shoal/cluster_file.py for its schema).
+# This host's nodes from the cluster file (see shoal/cluster/cluster_file.py for its schema).
 cluster-up: $(STAMP)
 	$(PY) -m shoal.cli cluster-up --file $(CLUSTER_FILE) --host $(HOST)
 

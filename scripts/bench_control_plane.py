@@ -33,9 +33,9 @@ from pathlib import Path
 import orjson
 import psutil
 
-from shoal.client import Client
-from shoal.local_cluster import LocalCluster
-from shoal.node_process import spawn_node
+from shoal.sdk.client import Client
+from shoal.cluster.local_cluster import LocalCluster
+from shoal.cluster.node_process import spawn_node
 from shoal.nodes.latency_histogram import percentile, window
 from shoal.nodes.membership import MemberView
 from shoal.transport.rpc import RemoteError, RpcClient

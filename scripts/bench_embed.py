@@ -109,7 +109,7 @@ def main() -> int:
             if dtype != args.dtypes[0] or args.skip_sweep:
                 continue
             from shoal.corpus_reader import CorpusSpec
-            from shoal.embed_plan import predict_job
+            from shoal.cli.embed_plan import predict_job
             from shoal.encoder_config import describe_encoder
 
             info = describe_encoder(enc)

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from shoal.demo_corpus import passages, questions  # noqa: E402
+from shoal.cli.demo_corpus import passages, questions  # noqa: E402
 from shoal.output_compare import compare_rag  # noqa: E402
 
 

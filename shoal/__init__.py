@@ -13,7 +13,7 @@ import importlib
 __all__ = ["Client", "Job", "LocalCluster", "ShoalError"]
 __version__ = "0.1.0"
 
-_LAZY = {"Client": "shoal.client", "Job": "shoal.client", "LocalCluster": "shoal.local_cluster",
+_LAZY = {"Client": "shoal.sdk.client", "Job": "shoal.sdk.client", "LocalCluster": "shoal.cluster.local_cluster",
          "ShoalError": "shoal.protocol.errors"}  # the base of every error Shoal raises on purpose
 
 

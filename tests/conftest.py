@@ -71,7 +71,7 @@ def isolated_state_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def etcd_endpoint(tmp_path_factory):
     """One real etcd for the whole test session, on a free loopback port."""
-    from shoal.etcd_server import EtcdServer
+    from shoal.cluster.etcd_server import EtcdServer
 
     server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
     yield server.endpoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from shoal.demo_corpus import passages, questions
+from shoal.cli.demo_corpus import passages, questions
 
 
 def embed_corpus(client, folder, minilm, count: int = 200):

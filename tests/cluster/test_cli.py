@@ -100,7 +100,7 @@ def test_embed_cli_predicts_runs_and_reports_bad_rows(tiny_encoder, tmp_path):
     """`shoal embed --dry-run` prints the cost model's prediction and stops; a run with
     --on-error skip names the bad row, embeds the rest, and compares its prediction
     with what it measured; a run with the default --on-error fail stops before anything."""
-    from shoal.embeddings import EmbeddingSet
+    from shoal.sdk.embeddings import EmbeddingSet
 
     (tmp_path / "a.jsonl").write_bytes(b"".join(orjson.dumps({"id": f"a{i}", "text": "word " * (i + 1)}) + b"\n"
                                                 for i in range(30)))

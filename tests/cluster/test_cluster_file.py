@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import shoal
-from shoal.cluster_file import ClusterFileError, load_cluster_file
+from shoal.cluster.cluster_file import ClusterFileError, load_cluster_file
 
 
 def write_file(tmp_path, etcd, model, body=None):

@@ -10,7 +10,7 @@ import pytest
 from embed_corpus import write_corpus
 
 import shoal
-from shoal.embeddings import EmbeddingSet
+from shoal.sdk.embeddings import EmbeddingSet
 from shoal.transport.rpc import RemoteError, RpcClient
 
 IN_FLIGHT = 2

@@ -3,7 +3,7 @@ process won the race): it starts again on new ports."""
 
 import socket
 
-from shoal.etcd_server import EtcdServer
+from shoal.cluster.etcd_server import EtcdServer
 
 
 def test_a_port_taken_before_etcd_binds_it(tmp_path):

@@ -65,8 +65,8 @@ def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers, monkeyp
     items = [{"id": f"q{i}", "prompt_token_ids": p} for i, p in enumerate(prompts)]
     items.append({"id": "bad", "prompt_token_ids": []})
     if workers == 2:  # this job's input goes up in chunks, as a large one would
-        monkeypatch.setattr(shoal.client, "INLINE_BYTES", 512)
-        monkeypatch.setattr(shoal.client, "CHUNK_BYTES", 700)
+        monkeypatch.setattr(shoal.sdk.client, "INLINE_BYTES", 512)
+        monkeypatch.setattr(shoal.sdk.client, "CHUNK_BYTES", 700)
     with shoal.LocalCluster(tiny_model, workers=workers, state_dir=tmp_path / "c", policy="mb", worker_threads=1) as cluster:
         client = shoal.Client(cluster.router)
         job = client.submit(items, params=params.to_dict(), job_key="job-A")

@@ -7,7 +7,7 @@ import sys
 import urllib.request
 
 import shoal
-from shoal.etcd_server import free_port
+from shoal.cluster.etcd_server import free_port
 
 
 def test_nodes_listing_and_metrics(tiny_model, tmp_path):

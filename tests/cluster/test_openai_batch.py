@@ -120,9 +120,9 @@ def test_openai_batch_file_of_1000_requests(tiny_chat_model, tiny_encoder, tmp_p
     from openai.types import BatchError, Completion, CreateEmbeddingResponse
     from openai.types.chat import ChatCompletion
 
-    from shoal.client import Client
-    from shoal.embeddings import EmbeddingSet
-    from shoal.local_cluster import LocalCluster
+    from shoal.sdk.client import Client
+    from shoal.sdk.embeddings import EmbeddingSet
+    from shoal.cluster.local_cluster import LocalCluster
 
     good = _requests(980)
     lines = [orjson.dumps(q) for q in good]

@@ -14,11 +14,11 @@ import orjson
 import pytest
 
 import shoal
-from shoal.embeddings import EmbeddingSet
+from shoal.sdk.embeddings import EmbeddingSet
 from shoal.output_compare import compare_rag
 from shoal.program import Embed, Retrieve
 from shoal.transport.rpc import RemoteError
-from shoal.index_build import build_index
+from shoal.cli.index_build import build_index
 
 from killed_command import kill_when
 from rag_setup import embed_corpus, rag_items
@@ -149,7 +149,7 @@ def test_bad_rag_input_gets_clear_errors(rag_cluster, tiny_encoder):
         client.submit([{"id": "x", "prompt": "no question"}], program="ircot")
     # The CLI's checks before anything starts: wrong encoder, k too large, a broken line.
     from shoal.generate_input import InputError
-    from shoal.rag_cli import check_index, read_questions
+    from shoal.cli.rag import check_index, read_questions
     from shoal.vector_index import IndexFileError
 
     with pytest.raises(IndexFileError, match="queries must be embedded by the encoder that embedded the passages"):

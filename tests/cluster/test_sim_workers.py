@@ -9,7 +9,7 @@ import signal
 import time
 
 import shoal
-from shoal.node_process import spawn_node
+from shoal.cluster.node_process import spawn_node
 from shoal.nodes.membership import MemberView
 from shoal.transport.rpc import RpcClient
 

@@ -10,7 +10,7 @@ import pytest
 import shoal
 from shoal.examples.w3_data import passages, questions, workload
 from shoal.transport.rpc import RemoteError
-from shoal.index_build import build_index
+from shoal.cli.index_build import build_index
 
 
 @pytest.fixture(scope="module")

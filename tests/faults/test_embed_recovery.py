@@ -11,7 +11,7 @@ import pytest
 from embed_corpus import write_corpus
 
 import shoal
-from shoal.embeddings import EmbeddingSet
+from shoal.sdk.embeddings import EmbeddingSet
 from shoal.embedding_output import read_manifest
 from shoal.scheduler.superbatch import pack
 

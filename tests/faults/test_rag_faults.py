@@ -14,7 +14,7 @@ import pytest
 import shoal
 from shoal.output_compare import compare_rag
 from shoal.transport.rpc import RpcClient
-from shoal.index_build import build_index
+from shoal.cli.index_build import build_index
 
 from rag_setup import embed_corpus, rag_items
 

@@ -16,13 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"shoal": "shoal", "protocol": "shoal.protocol", "transport": "shoal.transport",
            "scheduler": "shoal.scheduler", "nodes": "shoal.nodes"}
 
-# Modules of the `shoal` package that start, inspect or build for a cluster: they may
-# import any part. The client SDK is `sdk`; every other module there is `common`: the
-# formats and types nodes and clients both read.
-TOOLS = {"shoal.cli", "shoal.generate_cli", "shoal.ops_cli", "shoal.embed_cli", "shoal.rag_cli", "shoal.batch_cli", "shoal.local_cluster", "shoal.cluster_up",
-         "shoal.cluster_file", "shoal.node_process", "shoal.etcd_server", "shoal.parent_bound",
-         "shoal.index_build", "shoal.embed_plan", "shoal.examples.w3_data", "shoal"}
-SDK = {"shoal.client", "shoal.embeddings"}
+# The parts of the `shoal` folder, by subpackage: the command-line tools (`shoal/cli/`)
+# and the cluster starters (`shoal/cluster/`) may import any part; the client SDK is
+# `shoal/sdk/`; every other module there is `common`: the formats and types nodes and
+# clients both read (the request contract, programs, indexes, the output comparator).
+TOOL_PACKAGES = ("shoal.cli", "shoal.cluster")
+TOOLS = {"shoal", "shoal.examples.w3_data"}  # the package's lazy front door; W3's data maker
+SDK_PACKAGES = ("shoal.sdk",)
 
 ALLOWED = {
     "protocol": {"protocol"},
@@ -41,9 +41,9 @@ def part_of(module: str) -> str:
                          ("shoal.scheduler", "scheduler"), ("shoal.nodes.worker", "worker"), ("shoal.nodes", "nodes")):
         if module == prefix or module.startswith(prefix + "."):
             return part
-    if module in TOOLS:
+    if module in TOOLS or any(module == p or module.startswith(p + ".") for p in TOOL_PACKAGES):
         return "tools"
-    return "sdk" if module in SDK else "common"
+    return "sdk" if any(module == p or module.startswith(p + ".") for p in SDK_PACKAGES) else "common"
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.cluster_file import ClusterFile, Host
-from shoal.cluster_up import cluster_keys
+from shoal.cluster.cluster_file import ClusterFile, Host
+from shoal.cluster.cluster_up import cluster_keys
 from shoal.nodes.exposure import ExposureError, check_listen, is_loopback
 from shoal.program import ProgramError, program_allowed, resolve_program
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shoal.corpus_reader import CorpusSpec
-from shoal.embeddings import EmbeddingSet
+from shoal.sdk.embeddings import EmbeddingSet
 from shoal.generate_input import InputError
 from shoal.nodes.storage import corpus_store
 from shoal.nodes.storage.corpus_store import CorpusStore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.gpu_assignment import host_gpus, wants_gpu, worker_gpu_env
+from shoal.cluster.gpu_assignment import host_gpus, wants_gpu, worker_gpu_env
 from shoal.nodes.worker.device_choice import DeviceError, check_device_name, choose_device
 
 
@@ -40,8 +40,8 @@ def test_each_worker_sees_one_gpu_round_robin(monkeypatch):
 
 
 def test_a_cluster_files_hosts_run_one_worker_per_gpu(tmp_path):
-    from shoal.cluster_file import ClusterFileError, load_cluster_file
-    from shoal.cluster_up import worker_envs
+    from shoal.cluster.cluster_file import ClusterFileError, load_cluster_file
+    from shoal.cluster.cluster_up import worker_envs
 
     head = 'cluster = "c"\netcd = "a:1"\nmodel = "m"\nstate_dir = "/tmp"\n{device}\n' \
            '[[hosts]]\nname = "head"\naddress = "1"\nroles = ["router", "scheduler", "storage"]\n'

@@ -24,12 +24,12 @@ def test_the_checker_finds_a_forbidden_arrow_and_a_cycle(tmp_path):
         "protocol/codec.py": "from shoal.nodes import node\n",  # the protocol imports nothing of Shoal
         "nodes/__init__.py": "",
         "nodes/node.py": "import shoal.nodes.storage.storage_node\n",
-        "nodes/storage/storage_node.py": "def f():\n    from shoal.client import Client\n\nimport shoal.nodes.node\n",
-        "shoal/__init__.py": "", "shoal/client.py": "", "transport/__init__.py": "", "scheduler/__init__.py": "",
+        "nodes/storage/storage_node.py": "def f():\n    from shoal.sdk.client import Client\n\nimport shoal.nodes.node\n",
+        "shoal/__init__.py": "", "shoal/sdk/client.py": "", "transport/__init__.py": "", "scheduler/__init__.py": "",
     })
     found = violations(root)
     assert any("protocol/codec.py:1: protocol shoal.protocol.codec -> nodes shoal.nodes.node" in v for v in found)
-    assert any("nodes/storage/storage_node.py:2: nodes shoal.nodes.storage.storage_node -> sdk shoal.client" in v for v in found)  # a late import counts
+    assert any("nodes/storage/storage_node.py:2: nodes shoal.nodes.storage.storage_node -> sdk shoal.sdk.client" in v for v in found)  # a late import counts
     assert cycles(root) == [["shoal.nodes.node", "shoal.nodes.storage.storage_node"]]
 
 
@@ -46,6 +46,6 @@ def _loaded(code: str) -> set[str]:
 
 def test_policies_load_no_zmq_and_the_sdk_no_torch():
     policies = _loaded("import shoal.scheduler.core, shoal.scheduler.sim.cluster_sim, shoal.scheduler.step_planner")
-    assert "zmq" not in policies and "shoal.client" not in policies
-    sdk = _loaded("import shoal; shoal.Client; import shoal.embeddings")
-    assert "torch" not in sdk and "shoal.client" in sdk
+    assert "zmq" not in policies and "shoal.sdk.client" not in policies
+    sdk = _loaded("import shoal; shoal.Client; import shoal.sdk.embeddings")
+    assert "torch" not in sdk and "shoal.sdk.client" in sdk

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from shoal.progress import Progress
+from shoal.cli.progress import Progress
 
 
 def test_progress_in_a_log_writes_lines_with_count_and_rate():

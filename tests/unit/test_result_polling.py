@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal import client as client_module
-from shoal.client import Job
+from shoal.sdk import client as client_module
+from shoal.sdk.client import Job
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from shoal.resumable_output import ResumableOutput, job_fingerprint
+from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
 JOB = job_fingerprint({"model": "m", "max_tokens": 8}, [{"id": i} for i in range(5)])
 

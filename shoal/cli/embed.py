@@ -49,10 +49,10 @@ def add_parser(sub) -> None:
 def cmd_embed(args) -> int:
     from contextlib import nullcontext
 
-    from shoal.client import Client
-    from shoal.local_cluster import LocalCluster
+    from shoal.sdk.client import Client
+    from shoal.cluster.local_cluster import LocalCluster
     from shoal.encoder_config import describe_encoder
-    from shoal.progress import Progress
+    from shoal.cli.progress import Progress
 
     info = describe_encoder(args.encoder)
     worker_args = ["--encoder-dtype", args.encoder_dtype]
@@ -114,7 +114,7 @@ def _predict(client, args, info: dict):
     import socket
 
     from shoal.corpus_reader import CorpusSpec
-    from shoal.embed_plan import predict_job
+    from shoal.cli.embed_plan import predict_job
 
     spec = CorpusSpec(tuple(args.input), args.partition_by, args.text_field, args.id_field, args.on_error)
     # The call overhead is a property of the cluster: cached per router, or per machine for local clusters.
@@ -124,7 +124,7 @@ def _predict(client, args, info: dict):
 
 def _output_summary(folder: str) -> str:
     """Truncated texts and coverage, when the output is on this machine."""
-    from shoal.embeddings import EmbeddingSet
+    from shoal.sdk.embeddings import EmbeddingSet
 
     try:
         out = EmbeddingSet(folder)

@@ -117,7 +117,7 @@ class Client:
     answered 'unavailable' (no leader yet, a takeover under way, a node down) is retried
     after a pause, each until `timeout` seconds have passed since the call began; then
     the call raises a TimeoutError that names what did not answer. What it waits for
-    is logged (logger `shoal.client`) as it changes."""
+    is logged (logger `shoal.sdk.client`) as it changes."""
 
     def __init__(self, router: str, timeout: float = DEFAULT_CLIENT_TIMEOUT_S, curve_keys=None,
                  reply_timeout: float = DEFAULT_TIMEOUT_S):
@@ -211,7 +211,7 @@ class Client:
         """Embeds a corpus: JSONL or Parquet files the storage node can read, one
         partition per file or per value of `partition_by`, into Parquet files under
         `output` (one per SuperBatch, with a manifest; read them with
-        `shoal.embeddings.EmbeddingSet`). `encoder` is the encoder's folder (or
+        `shoal.sdk.embeddings.EmbeddingSet`). `encoder` is the encoder's folder (or
         `describe_encoder` of it): the workers must host the same one.
 
         The job key defaults to one derived from the inputs, output, encoder and

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shoal.cluster_file import ClusterFile
-from shoal.gpu_assignment import host_gpus, wants_gpu, worker_gpu_env
+from shoal.cluster.cluster_file import ClusterFile
+from shoal.cluster.gpu_assignment import host_gpus, wants_gpu, worker_gpu_env
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
-from shoal.node_process import spawn_node, terminate_pids
+from shoal.cluster.node_process import spawn_node, terminate_pids
 
 
 def cluster_up(cf: ClusterFile, host_name: str) -> dict:

@@ -1,5 +1,5 @@
 """Runs a command that dies with the process that started it: `python -m
-shoal.parent_bound PID CMD ARGS...` asks Linux to SIGKILL it when its parent dies
+shoal.cluster.parent_bound PID CMD ARGS...` asks Linux to SIGKILL it when its parent dies
 (PR_SET_PDEATHSIG, kept across exec), then becomes CMD.
 
 A local cluster's etcd and nodes are started this way, so `shoal generate` (or `up`,
@@ -34,7 +34,7 @@ def bind_to_parent(parent: int) -> None:
 
 def command(argv: list[str]) -> list[str]:
     """`argv` wrapped to die with this process."""
-    return [sys.executable, "-m", "shoal.parent_bound", str(os.getpid()), *argv]
+    return [sys.executable, "-m", "shoal.cluster.parent_bound", str(os.getpid()), *argv]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from shoal.resumable_output import add_overwrite_flag
+from shoal.cli.resumable_output import add_overwrite_flag
 from shoal.nodes.worker.device_choice import add_device_arg
 
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -77,13 +77,13 @@ def token_counter(encoder: str, max_length: int):
 def cmd_batch(args) -> int:
     from contextlib import nullcontext
 
-    from shoal.client import Client
+    from shoal.sdk.client import Client
     from shoal.generate_input import InputError
-    from shoal.local_cluster import LocalCluster
+    from shoal.cluster.local_cluster import LocalCluster
     from shoal.openai_responses import OutputLines
-    from shoal.output_path import check_output_file
-    from shoal.progress import Progress
-    from shoal.resumable_output import ResumableOutput, job_fingerprint
+    from shoal.cli.output_path import check_output_file
+    from shoal.cli.progress import Progress
+    from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
     if not args.model and not args.encoder:
         raise InputError("give --model (chat and completion requests), --encoder (embeddings), or both")

@@ -29,7 +29,7 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict |
     runs workers, so a node of another role gets SHARED_CORE_ENV under `env`."""
     import os
 
-    from shoal.parent_bound import command
+    from shoal.cluster.parent_bound import command
 
     if beside_workers and role != "worker":
         env = {**SHARED_CORE_ENV, **(env or {})}

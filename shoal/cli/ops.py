@@ -9,8 +9,8 @@ import time
 
 import orjson
 
-from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
-from shoal.generate_cli import DTYPE_HELP
+from shoal.sdk.client import DEFAULT_CLIENT_TIMEOUT_S
+from shoal.cli.generate import DTYPE_HELP
 from shoal.nodes.worker.device_choice import add_device_arg
 
 
@@ -41,7 +41,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     for name, fn, text in (("cluster-up", cmd_cluster_up, "start this host's nodes from a cluster file"),
                            ("cluster-down", cmd_cluster_down, "stop this host's nodes")):
         cu = sub.add_parser(name, help=text)
-        cu.add_argument("--file", required=True, help="the cluster file (TOML; see shoal/cluster_file.py)")
+        cu.add_argument("--file", required=True, help="the cluster file (TOML; see shoal/cluster/cluster_file.py)")
         cu.add_argument("--host", required=True, help="this host's name in the file")
         cu.set_defaults(fn=fn)
 
@@ -84,7 +84,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_up(args) -> int:
-    from shoal.local_cluster import LocalCluster
+    from shoal.cluster.local_cluster import LocalCluster
 
     cluster = LocalCluster(args.model, workers=args.workers, state_dir=args.dir, dtype=args.dtype,
                            die_with_parent=not args.detach, host=args.host, insecure=args.insecure,
@@ -108,15 +108,15 @@ def cmd_up(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from shoal.local_cluster import LocalCluster
+    from shoal.cluster.local_cluster import LocalCluster
 
     print(f"stopped {LocalCluster.stop_detached(args.dir)} processes")
     return 0
 
 
 def cmd_cluster_up(args) -> int:
-    from shoal.cluster_file import load_cluster_file
-    from shoal.cluster_up import cluster_up
+    from shoal.cluster.cluster_file import load_cluster_file
+    from shoal.cluster.cluster_up import cluster_up
 
     cf = load_cluster_file(args.file)
     started = cluster_up(cf, args.host)
@@ -126,8 +126,8 @@ def cmd_cluster_up(args) -> int:
 
 
 def cmd_cluster_down(args) -> int:
-    from shoal.cluster_file import load_cluster_file
-    from shoal.cluster_up import cluster_down
+    from shoal.cluster.cluster_file import load_cluster_file
+    from shoal.cluster.cluster_up import cluster_down
 
     print(f"stopped {cluster_down(load_cluster_file(args.file), args.host)} nodes")
     return 0
@@ -216,7 +216,7 @@ def cmd_drain(args) -> int:
     """Drains a worker; with the cluster's etcd (--etcd or --dir) waits until it left."""
     import time
 
-    from shoal.client import Client
+    from shoal.sdk.client import Client
 
     detail = Client(args.router, timeout=args.client_timeout).drain(args.node)
     print(f"draining {args.node}: {detail.get('held', 0)} sequences to move", flush=True)
@@ -238,7 +238,7 @@ def cmd_drain(args) -> int:
 
 
 def cmd_migrate(args) -> int:
-    from shoal.client import Client
+    from shoal.sdk.client import Client
 
     detail = Client(args.router, timeout=args.timeout).migrate(args.job, args.to, args.seq)
     print(f"moving {detail['moving']} sequences of {args.job} to {args.to} (from {detail['from']})")
@@ -246,7 +246,7 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from shoal.client import Client
+    from shoal.sdk.client import Client
 
     print(orjson.dumps(Client(args.router, timeout=args.timeout).job(args.job).status(),
                        option=orjson.OPT_INDENT_2).decode())
@@ -254,7 +254,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from shoal.client import Client
+    from shoal.sdk.client import Client
 
     print(orjson.dumps(Client(args.router, timeout=args.timeout).job(args.job).cancel(),
                        option=orjson.OPT_INDENT_2).decode())

@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from shoal.etcd_server import EtcdServer
+from shoal.cluster.etcd_server import EtcdServer
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE
-from shoal.node_process import spawn_node, terminate_pids
+from shoal.cluster.node_process import spawn_node, terminate_pids
 
 
 class LocalCluster:
@@ -54,7 +54,7 @@ class LocalCluster:
         self.storage_args = storage_args or []
         self.die_with_parent = die_with_parent
         self.http_port = http_port
-        from shoal.gpu_assignment import host_gpus, wants_gpu
+        from shoal.cluster.gpu_assignment import host_gpus, wants_gpu
         from shoal.nodes.worker.device_choice import check_device_name
 
         self.device = check_device_name(device)
@@ -107,7 +107,7 @@ class LocalCluster:
 
     def _worker_env(self) -> dict | None:
         """The next worker's environment: the cluster's, and its own GPU where it has one."""
-        from shoal.gpu_assignment import worker_gpu_env
+        from shoal.cluster.gpu_assignment import worker_gpu_env
 
         gpu = worker_gpu_env(self.started_workers, self.gpus)
         self.started_workers += 1

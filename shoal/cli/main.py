@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shoal.generate_cli import DTYPE_HELP
+from shoal.cli.generate import DTYPE_HELP
 from shoal.nodes.worker.device_choice import DEVICE_HELP, device_arg
 from shoal.protocol.errors import ShoalError
 
@@ -58,21 +58,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="write a chat template (and its special tokens) so items may be chat messages")
     mm.set_defaults(fn=cmd_make_model)
 
-    from shoal.generate_cli import add_parser as add_generate
+    from shoal.cli.generate import add_parser as add_generate
 
     add_generate(sub)
-    from shoal.batch_cli import add_parser as add_batch
+    from shoal.cli.batch import add_parser as add_batch
 
     add_batch(sub)
-    from shoal.embed_cli import add_parser as add_embed
+    from shoal.cli.embed import add_parser as add_embed
 
     add_embed(sub)
 
-    from shoal.rag_cli import add_parsers as add_rag
+    from shoal.cli.rag import add_parsers as add_rag
 
     add_rag(sub)
 
-    from shoal.ops_cli import add_parsers as add_ops
+    from shoal.cli.ops import add_parsers as add_ops
 
     add_ops(sub)
 

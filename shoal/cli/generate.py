@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from shoal.client import DEFAULT_CLIENT_TIMEOUT_S
+from shoal.sdk.client import DEFAULT_CLIENT_TIMEOUT_S
 from shoal.generate_input import MAX_ITEM_BYTES
-from shoal.resumable_output import add_overwrite_flag
+from shoal.cli.resumable_output import add_overwrite_flag
 from shoal.nodes.worker.device_choice import add_device_arg
 
 DTYPE_HELP = ("compute dtype; auto (default): the checkpoint's where this device computes it natively "
@@ -104,14 +104,14 @@ def cmd_generate(args) -> int:
     for this job and stopped afterwards."""
     from contextlib import nullcontext
 
-    from shoal.client import Client
+    from shoal.sdk.client import Client
     from shoal.generate_input import InputError, model_context, read_generate_items_skipping
-    from shoal.local_cluster import LocalCluster
-    from shoal.progress import Progress
+    from shoal.cluster.local_cluster import LocalCluster
+    from shoal.cli.progress import Progress
     from shoal.request_settings import SettingsError, check_fits
 
-    from shoal.output_path import check_output_file
-    from shoal.resumable_output import ResumableOutput, job_fingerprint
+    from shoal.cli.output_path import check_output_file
+    from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
     settings = job_settings(args)
     sent_params = settings.to_wire()

@@ -81,7 +81,7 @@ class EtcdServer:
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", f"shoal={peer}", "--log-level", "warn"]
         if self.die_with_parent:
-            from shoal.parent_bound import command
+            from shoal.cluster.parent_bound import command
 
             cmd = command(cmd)
         # One core's worth of Go runtime: a local cluster's etcd serves a few nodes, and on a

@@ -1,6 +1,6 @@
 """Reading the output of an embedding job (`shoal embed --output DIR`).
 
-    from shoal.embeddings import EmbeddingSet
+    from shoal.sdk.embeddings import EmbeddingSet
     out = EmbeddingSet("emb/")
     table = out.partition("part-7")       # id, partition, row, vector; in input order
     ids, matrix = out.matrix("part-7")    # numpy [rows, dim]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from shoal.resumable_output import add_overwrite_flag
+from shoal.cli.resumable_output import add_overwrite_flag
 from shoal.nodes.worker.device_choice import add_device_arg
 
 
@@ -76,8 +76,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_index_build(args) -> int:
-    from shoal.progress import Progress
-    from shoal.index_build import build_index
+    from shoal.cli.progress import Progress
+    from shoal.cli.index_build import build_index
 
     t0 = time.perf_counter()
     progress = None
@@ -98,7 +98,7 @@ def cmd_index_build(args) -> int:
 
 
 def cmd_index_load(args) -> int:
-    from shoal.client import Client
+    from shoal.sdk.client import Client
 
     r = Client(args.router).load_index(args.index, args.name, args.replicas)
     print(f"index {r['name']} ({r['rows']} passages): " +
@@ -107,7 +107,7 @@ def cmd_index_load(args) -> int:
 
 
 def cmd_demo_data(args) -> int:
-    from shoal.demo_corpus import write_demo_data
+    from shoal.cli.demo_corpus import write_demo_data
 
     c, q = write_demo_data(args.out, args.passages, args.questions)
     print(f"corpus: {c}\nquestions: {q}")
@@ -141,14 +141,14 @@ def check_index(index: str | Path, encoder: str | Path, k: int) -> dict:
 def cmd_rag(args) -> int:
     from contextlib import nullcontext
 
-    from shoal.client import Client
-    from shoal.local_cluster import LocalCluster
-    from shoal.progress import Progress
+    from shoal.sdk.client import Client
+    from shoal.cluster.local_cluster import LocalCluster
+    from shoal.cli.progress import Progress
 
     if not args.router and not args.model:
         raise ValueError("give --model (a local cluster runs the job) or --router")
-    from shoal.output_path import check_output_file
-    from shoal.resumable_output import ResumableOutput, job_fingerprint
+    from shoal.cli.output_path import check_output_file
+    from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
     meta = check_index(args.index, args.encoder, args.k)
     items = read_questions(args.input)

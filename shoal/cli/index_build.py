@@ -31,7 +31,7 @@ def build_index(embeddings: str | Path, out: str | Path, shards: int = 1, progre
     """Writes an index of every vector in `embeddings` (an embedding job's output
     directory, complete) to `out` as `shards` shards; returns its manifest. `kind`:
     exact, ivf or hnsw (`ann`: the approximate kind's build options)."""
-    from shoal.embeddings import EmbeddingSet
+    from shoal.sdk.embeddings import EmbeddingSet
 
     embeddings, out = Path(embeddings), Path(out)
     es = EmbeddingSet(embeddings)

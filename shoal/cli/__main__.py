@@ -1,0 +1,7 @@
+"""`python -m shoal.cli`: the `shoal` command."""
+
+import sys
+
+from shoal.cli.main import main
+
+sys.exit(main())
