@@ -29,6 +29,8 @@ class NodeCollector:
             yield g
 
 
-def start_metrics_server(node, port: int) -> None:
+def start_metrics_server(node, port: int, host: str = "127.0.0.1") -> None:
+    """On `host` only: loopback unless the node was told otherwise (and may listen there,
+    `node.parse_node_args`); never every interface by default."""
     REGISTRY.register(NodeCollector(node))
-    start_http_server(port, addr="127.0.0.1" if node.advertise.startswith("tcp://127.") else "0.0.0.0")
+    start_http_server(port, addr=host)

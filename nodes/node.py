@@ -83,11 +83,11 @@ class Node:
     def on_stats(self, msg: Message):
         return encode("Stats", {"role": self.role, "node_id": self.node_id, "stats": self.stats()}, reply_to=msg.id)
 
-    def serve_metrics(self, port: int) -> None:
+    def serve_metrics(self, port: int, host: str = "127.0.0.1") -> None:
         """Prometheus endpoint: every counter, plus the role's numeric stats."""
         from shoal.nodes.metrics import start_metrics_server
 
-        start_metrics_server(self, port)
+        start_metrics_server(self, port, host)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -226,6 +226,9 @@ def node_arg_parser(role: str, etcd_required: bool = False) -> argparse.Argument
     ap.add_argument("--cluster", default="default")
     ap.add_argument("--node-id")
     ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    ap.add_argument("--metrics-host", default="127.0.0.1",
+                    help="the interface metrics listen on (default loopback); beyond loopback only where the node's "
+                         "own ports may listen there (CURVE keys or --insecure): metrics are plain HTTP, unauthenticated")
     ap.add_argument("--insecure", action="store_true",
                     help="listen beyond loopback without CURVE keys (only on a network trusted as a whole)")
     return ap
@@ -237,8 +240,11 @@ def parse_node_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argp
     from shoal.nodes.exposure import ExposureError, check_listen
 
     args = ap.parse_args(argv)
+    keys = sockets.resolve_keys(sockets.FROM_ENV) is not None
     try:
-        check_listen(args.bind, sockets.resolve_keys(sockets.FROM_ENV) is not None, args.insecure)
+        check_listen(args.bind, keys, args.insecure)
+        if args.metrics_port:
+            check_listen(f"tcp://{args.metrics_host}:{args.metrics_port}", keys, args.insecure)
     except ExposureError as e:
         ap.error(str(e))
     return args
@@ -286,11 +292,11 @@ def start_logging(role: str, node_id: str) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} {node_id} %(levelname)s %(name)s: %(message)s")
 
 
-def run_node(node: Node, metrics_port: int | None = None) -> int:
+def run_node(node: Node, metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> int:
     """The thin process entry: metrics, signals, the address line the launcher reads,
     then the loop until SIGTERM or SIGINT."""
     if metrics_port:
-        node.serve_metrics(metrics_port)
+        node.serve_metrics(metrics_port, metrics_host)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
     print(f"{node.role}: {node.address}", flush=True)

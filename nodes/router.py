@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     start_logging("router", node_id)
     node = RouterNode(node_id, args.dir, args.etcd, args.cluster, data_roots=data_roots_of(args), bind=args.bind,
                       advertise=args.advertise, http_port=args.http_port, http_host=args.http_host)
-    return run_node(node, args.metrics_port)
+    return run_node(node, args.metrics_port, args.metrics_host)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     node = SchedulerNode(node_id, args.etcd, args.cluster, steal=not args.no_steal,
                          superbatches_in_flight=args.superbatches_in_flight, bind=args.bind,
                          advertise=args.advertise)
-    return run_node(node, args.metrics_port)
+    return run_node(node, args.metrics_port, args.metrics_host)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,6 +19,9 @@ import orjson
 from shoal.protocol.errors import ShoalError
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 class InputError(ShoalError, ValueError):
     """Bad job input; the message names the file and line."""
 
@@ -65,19 +68,35 @@ def check_item_settings(rec: dict, where: str) -> dict:
     return own
 
 
+def prompt_problem(prompt: str | None, ids: list | None, vocab_size: int | None = None) -> str | None:
+    """What the worker would refuse in a prompt, said before the job starts: an empty
+    one, or a token id outside the vocabulary (where its size is known)."""
+    if prompt is not None and not prompt:
+        return "empty prompt"
+    if ids is not None:
+        if not ids:
+            return "empty prompt_token_ids"
+        bad = next((t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)), None)
+        if bad is not None:
+            return (f"token id {bad} outside the vocabulary [0, {vocab_size})" if vocab_size is not None
+                    else f"token id {bad} is negative")
+    return None
+
+
 class ItemChecker:
     """Checks records one by one, remembering ids to refuse duplicates. Items of the
     `generate` program are checked field by field; those of other programs need an id
     and, if they carry program arguments, an "args" object (the program reads the rest)."""
 
     def __init__(self, program: str = "generate", max_item_bytes: int = MAX_ITEM_BYTES, max_context: int | None = None,
-                 job=None):
+                 job=None, vocab_size: int | None = None):
         """`max_context`: the model's context in tokens, where the checker knows it: an
         item whose max_tokens cannot fit in it is refused. `job`: the job's
         GenerationSettings, where the checker knows them (the CLI): each item is then
         checked with the settings it will run with, relations between fields included."""
         self.program = program
         self.job = job
+        self.vocab_size = vocab_size  # where known (the CLI): token ids past it are refused
         self.max_item_bytes = max_item_bytes
         self.max_context = max_context
         self.seen: dict = {}
@@ -149,6 +168,9 @@ class ItemChecker:
             raise InputError(f"{where}: prompt must be a string")
         if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
             raise InputError(f"{where}: prompt_token_ids must be a list of integers")
+        problem = prompt_problem(prompt, ids, self.vocab_size)
+        if problem:
+            raise InputError(f"{where}: {problem}")
         mt = rec.get("max_tokens")
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
             raise InputError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
@@ -163,6 +185,8 @@ def parse_jsonl(lines: Iterable[bytes], name: str, keep_going: bool = False) -> 
     """(where, line number, record) for every non-blank line; a bad line raises with its
     place (with `keep_going`, its InputError comes in place of the record)."""
     for lineno, line in enumerate(lines, 1):
+        if lineno == 1 and line.startswith(UTF8_BOM):  # what some editors write first: not part of the JSON
+            line = line[len(UTF8_BOM):]
         if not line.strip():
             continue
         where = f"{name}:{lineno}"
@@ -200,34 +224,41 @@ def read_records(path: str | Path, keep_going: bool = False) -> Iterator[tuple[s
         yield from parse_jsonl(fh, str(path), keep_going)
 
 
-def model_context(model_dir: str | Path) -> int:
-    """A Hugging Face checkpoint's context length (max_position_embeddings), read from
-    its config.json without loading the model."""
+def model_limits(model_dir: str | Path) -> tuple[int, int]:
+    """A Hugging Face checkpoint's context length (max_position_embeddings) and vocabulary
+    size, read from its config.json without loading the model (a multimodal checkpoint
+    keeps them in its text_config)."""
     path = Path(model_dir) / "config.json"
     try:
         cfg = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as e:
         raise InputError(f"cannot read the model's {path}: {e}") from None
-    context = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
-    if not isinstance(context, int) or context <= 0:
-        raise InputError(f"{path}: max_position_embeddings must be a positive integer, got {context!r}")
-    return context
+    if isinstance(cfg, dict) and isinstance(cfg.get("text_config"), dict) and "vocab_size" not in cfg:
+        cfg = cfg["text_config"]
+    out = []
+    for name in ("max_position_embeddings", "vocab_size"):
+        value = cfg.get(name) if isinstance(cfg, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InputError(f"{path}: {name} must be a positive integer, got {value!r}")
+        out.append(value)
+    return out[0], out[1]
 
 
 def read_generate_items(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
-                        max_context: int | None = None, job=None) -> list[GenerateItem]:
+                        max_context: int | None = None, job=None, vocab_size: int | None = None) -> list[GenerateItem]:
     """Every item, or an InputError naming the first bad line."""
-    items, _ = read_generate_items_skipping(path, max_item_bytes, max_context, skip=False, job=job)
+    items, _ = read_generate_items_skipping(path, max_item_bytes, max_context, skip=False, job=job,
+                                            vocab_size=vocab_size)
     return items
 
 
 def read_generate_items_skipping(path: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
                                  max_context: int | None = None, skip: bool = True,
-                                 job=None) -> tuple[list[GenerateItem], list[dict]]:
+                                 job=None, vocab_size: int | None = None) -> tuple[list[GenerateItem], list[dict]]:
     """The good items, and an error record for each bad line (`{"id", "line",
     "error", "finish_reason": "error"}`, id null where the line has none), in input
     order; without `skip` the first bad line raises."""
-    checker = ItemChecker(max_item_bytes=max_item_bytes, max_context=max_context, job=job)
+    checker = ItemChecker(max_item_bytes=max_item_bytes, max_context=max_context, job=job, vocab_size=vocab_size)
     items, errors = [], []
     for where, place, rec in read_records(path, keep_going=skip):
         try:

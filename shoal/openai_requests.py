@@ -66,9 +66,12 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def parse_request(rec, line: int, seen: dict[str, int] | None = None, embedding_dim: int | None = None) -> BatchRequest:
+def parse_request(rec, line: int, seen: dict[str, int] | None = None, embedding_dim: int | None = None,
+                  limits: tuple[int, int] | None = None) -> BatchRequest:
     """The line's request, or RequestLineError. `seen` (custom_id -> line) refuses a
-    repeated custom_id; `embedding_dim` is the encoder's, checked against `dimensions`."""
+    repeated custom_id; `embedding_dim` is the encoder's, checked against `dimensions`;
+    `limits` the decoder's (context, vocabulary size): a generation line is held to them
+    as `shoal generate` holds an item (empty prompts, token ids, max_tokens)."""
     if not isinstance(rec, dict):
         raise RequestLineError(f"line {line}: a request must be a JSON object", "invalid_json")
     custom_id = rec.get("custom_id")
@@ -105,7 +108,7 @@ def parse_request(rec, line: int, seen: dict[str, int] | None = None, embedding_
             texts, encoding = _embedding(body, embedding_dim)
             request = BatchRequest(line, custom_id, kind, model, {"id": custom_id, "kind": kind, "input": texts}, encoding)
         else:
-            request = BatchRequest(line, custom_id, kind, model, _generation_item(custom_id, kind, body))
+            request = BatchRequest(line, custom_id, kind, model, _generation_item(custom_id, kind, body, limits))
     except RequestLineError as e:
         fail(str(e), e.param)
     if seen is not None:
@@ -113,7 +116,7 @@ def parse_request(rec, line: int, seen: dict[str, int] | None = None, embedding_
     return request
 
 
-def _generation_item(custom_id: str, kind: str, body: dict) -> dict:
+def _generation_item(custom_id: str, kind: str, body: dict, limits: tuple[int, int] | None = None) -> dict:
     """A chat's or completion's item: its prompt(s), max_tokens and sampling."""
     item = {"id": custom_id, "kind": kind, **_sampling(body), **_structured(body), **_logprobs(kind, body)}
     if body.get("logit_bias"):
@@ -129,7 +132,26 @@ def _generation_item(custom_id: str, kind: str, body: dict) -> dict:
             raise RequestLineError(f"max_tokens must be a positive integer, got {limit!r}", param="body.max_tokens")
         item["max_tokens"] = limit
     _check_sampling(item)
+    if limits is not None:
+        _check_limits(item, *limits)
     return item
+
+
+def _check_limits(item: dict, context: int, vocab: int) -> None:
+    """What the worker would fail: an empty prompt, a token id outside the vocabulary, a
+    max_tokens that cannot fit the context (after the prompt, where its length is known)."""
+    from shoal.generate_input import prompt_problem
+    from shoal.request_settings import SettingsError, check_fits
+
+    for p in item.get("prompts", []):
+        problem = prompt_problem(p.get("prompt"), p.get("prompt_token_ids"), vocab)
+        if problem:
+            raise RequestLineError(problem, param="body.prompt")
+    longest = max((len(p.get("prompt_token_ids") or ()) for p in item.get("prompts", [])), default=0)
+    try:
+        check_fits(item.get("max_tokens", 1), longest, context)
+    except SettingsError as e:
+        raise RequestLineError(str(e), param="body.max_tokens") from None
 
 
 def _sampling(body: dict) -> dict:

@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     roots = data_roots_of(args)
     node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, data_roots=roots, bind=args.bind, etcd=args.etcd,
                        cluster=args.cluster, advertise=args.advertise)
-    return run_node(node, args.metrics_port)
+    return run_node(node, args.metrics_port, args.metrics_host)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(args, open_by_default(args))
     node = WorkerNode(node_id, engine, config, encoder=encoder, encoder_cost=encoder_cost, compute=compute,
                       bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)
-    return run_node(node, args.metrics_port)
+    return run_node(node, args.metrics_port, args.metrics_host)
 
 
 if __name__ == "__main__":

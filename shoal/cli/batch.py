@@ -16,6 +16,7 @@ from pathlib import Path
 
 from shoal.cli.resumable_output import add_overwrite_flag
 from shoal.nodes.worker.device_choice import add_device_arg
+from shoal.cli.exit_codes import add_allow_failures, finish
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 
@@ -34,11 +35,13 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", default="auto", help="compute dtype of the local cluster's workers")
     b.add_argument("--job-key", help="idempotency key: the same key on the same cluster attaches to the same job")
     b.add_argument("--timeout", type=float, default=120.0, help="seconds a request to the cluster may take")
+    add_allow_failures(b)
     add_overwrite_flag(b)
     b.set_defaults(fn=cmd_batch)
 
 
-def read_requests(path: str, embedding_dim: int | None, have_model: bool, have_encoder: bool):
+def read_requests(path: str, embedding_dim: int | None, have_model: bool, have_encoder: bool,
+                  limits: tuple[int, int] | None = None):
     """(requests, [(line, custom_id, code, message, param)] for the lines that cannot run)."""
     from shoal.generate_input import InputError, parse_jsonl
     from shoal.openai_requests import RequestLineError, parse_request
@@ -51,7 +54,7 @@ def read_requests(path: str, embedding_dim: int | None, have_model: bool, have_e
             try:
                 if isinstance(rec, InputError):
                     raise RequestLineError(str(rec), "invalid_json")
-                req = parse_request(rec, line, seen, embedding_dim)
+                req = parse_request(rec, line, seen, embedding_dim, limits)
                 missing = "--encoder" if req.kind == "embedding" and not have_encoder else \
                     "--model" if req.kind != "embedding" and not have_model else None
                 if missing:
@@ -83,6 +86,7 @@ def cmd_batch(args) -> int:
     from shoal.openai_responses import OutputLines
     from shoal.cli.output_path import check_output_file
     from shoal.cli.progress import Progress
+    from shoal.cli.generate import default_job_key
     from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
     if not args.model and not args.encoder:
@@ -93,7 +97,11 @@ def cmd_batch(args) -> int:
         from shoal.encoder_config import describe_encoder
 
         encoder_info = describe_encoder(args.encoder)
-    requests, bad = read_requests(args.input, encoder_info and encoder_info["dim"], bool(args.model), bool(args.encoder))
+    from shoal.generate_input import model_limits
+
+    limits = model_limits(args.model) if args.model else None
+    requests, bad = read_requests(args.input, encoder_info and encoder_info["dim"], bool(args.model), bool(args.encoder),
+                                  limits)
     for line in bad:
         print(f"bad request: {line[3]}", file=sys.stderr)
     by_id = {r.custom_id: r for r in requests}
@@ -130,7 +138,7 @@ def cmd_batch(args) -> int:
                 router = args.router or local.router
                 job = Client(router, timeout=args.timeout).submit(
                     [r.item for r in todo], program="openai_request",
-                    params={"max_tokens": args.max_tokens}, job_key=args.job_key)
+                    params={"max_tokens": args.max_tokens}, job_key=args.job_key or default_job_key("batch", fingerprint))
                 print(f"job {job.id}: {len(todo)} requests via {router}", file=sys.stderr)
                 progress = Progress(len(requests), "requests")
                 progress.advance(len(requests) - len(todo))
@@ -147,4 +155,4 @@ def cmd_batch(args) -> int:
     total = len(requests) + len(bad)
     print(f"results: {args.output}  ({total} requests, {total - failed} completed, {failed} failed, "
           f"{time.perf_counter() - t0:.1f}s)")
-    return 0
+    return finish(failed, total, "requests", args.output, args.allow_failures)

@@ -14,6 +14,7 @@ import sys
 import time
 
 from shoal.nodes.worker.device_choice import add_device_arg
+from shoal.cli.exit_codes import add_allow_failures, finish
 
 
 def add_parser(sub) -> None:
@@ -43,6 +44,7 @@ def add_parser(sub) -> None:
                    help="predict the job's time and throughput from the cluster's calibration, and stop")
     e.add_argument("--no-predict", action="store_true",
                    help="skip the prediction (it tokenizes the inputs here, once) and its comparison after the run")
+    add_allow_failures(e)
     e.set_defaults(fn=cmd_embed)
 
 
@@ -106,7 +108,7 @@ def cmd_embed(args) -> int:
               f"measured {measured:.1f}s ({final['total'] / max(measured, 1e-9):.0f} texts/s): error "
               f"{100 * (prediction.superbatch_s - measured) / max(measured, 1e-9):+.0f}% "
               f"(reading the corpus took {accepted - t0:.1f}s more)")
-    return 0
+    return finish(d.get("skipped", 0), final["total"] + d.get("skipped", 0), "rows", args.output + " (their errors: above)", args.allow_failures)
 
 
 def _predict(client, args, info: dict):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shoal.sdk.client import DEFAULT_CLIENT_TIMEOUT_S
 from shoal.generate_input import MAX_ITEM_BYTES
+from shoal.cli.exit_codes import add_allow_failures, finish
 from shoal.cli.resumable_output import add_overwrite_flag
 from shoal.nodes.worker.device_choice import add_device_arg
 
@@ -42,6 +43,7 @@ def add_parser(sub) -> None:
     g.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
                    help="largest input line taken, as compact JSON (a cluster's storage has its own limit)")
     add_overwrite_flag(g)
+    add_allow_failures(g)
     g.set_defaults(fn=cmd_generate)
 
 
@@ -93,6 +95,14 @@ def record_tokens(rec: dict) -> int:
     return sum(len(c.get("token_ids", ())) for c in rec.get("choices", [rec]))
 
 
+def default_job_key(command: str, fingerprint: str) -> str:
+    """The job key a run uses without --job-key: its fingerprint (settings and items).
+    Run again after the client died or gave up, the same command finds its job still
+    known to the cluster and reads the results stored meanwhile, instead of submitting
+    the missing items as a new job and computing them again."""
+    return f"{command}-{fingerprint[:32]}"
+
+
 def record_key(rec: dict) -> tuple:
     """What a record of the output answers: an input line refused by --on-error skip (its
     id, if it has one, may be a good line's too), or an item."""
@@ -105,7 +115,7 @@ def cmd_generate(args) -> int:
     from contextlib import nullcontext
 
     from shoal.sdk.client import Client
-    from shoal.generate_input import InputError, model_context, read_generate_items_skipping
+    from shoal.generate_input import InputError, model_limits, read_generate_items_skipping
     from shoal.cluster.local_cluster import LocalCluster
     from shoal.cli.progress import Progress
     from shoal.request_settings import SettingsError, check_fits
@@ -116,7 +126,7 @@ def cmd_generate(args) -> int:
     settings = job_settings(args)
     sent_params = settings.to_wire()
     check_output_file(args.output)  # before the job runs: its results are not thrown away at the end
-    context = model_context(args.model)
+    context, vocab = model_limits(args.model)
     try:
         check_fits(settings.sampling.max_tokens, 0, context)
     except SettingsError:
@@ -125,7 +135,7 @@ def cmd_generate(args) -> int:
     # Every line is checked before anything starts; with --on-error skip a bad one becomes
     # its own error record in the output instead of refusing the job.
     items, bad = read_generate_items_skipping(args.input, args.max_item_bytes, max_context=context,
-                                              skip=args.on_error == "skip", job=settings)
+                                              skip=args.on_error == "skip", job=settings, vocab_size=vocab)
     for rec in bad:
         print(f"skipped: {rec['error']}", file=sys.stderr)
     if not items:
@@ -158,7 +168,7 @@ def cmd_generate(args) -> int:
             with cluster as local:
                 router = args.router or local.router
                 t0 = time.perf_counter()
-                job = Client(router, timeout=args.timeout).submit(todo, params=sent_params, job_key=args.job_key)
+                job = Client(router, timeout=args.timeout).submit(todo, params=sent_params, job_key=args.job_key or default_job_key("generate", fingerprint))
                 print(f"job {job.id}: {len(todo)} sequences via {router}", file=sys.stderr)
                 progress = Progress(len(payload), "sequences")
                 progress.advance(len(payload) - len(todo))
@@ -184,4 +194,4 @@ def cmd_generate(args) -> int:
     print(f"results: {args.output}  ({len(items) + len(bad)} sequences, {failed} failed, "
           f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s"
           + (f"; {output.kept} kept from the interrupted run" if output.resuming else "") + ")")
-    return 0
+    return finish(failed, len(items) + len(bad), "sequences", args.output, args.allow_failures)

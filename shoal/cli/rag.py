@@ -23,6 +23,7 @@ import orjson
 
 from shoal.cli.resumable_output import add_overwrite_flag
 from shoal.nodes.worker.device_choice import add_device_arg
+from shoal.cli.exit_codes import add_allow_failures, finish
 
 
 def add_parsers(sub) -> None:
@@ -66,6 +67,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
     r.add_argument("--job-key", help="idempotency key (default: a new job)")
     add_overwrite_flag(r)
+    add_allow_failures(r)
     r.set_defaults(fn=cmd_rag)
 
     d = sub.add_parser("demo-data", help="the demo corpus (stdlib docstrings) and questions about it")
@@ -148,6 +150,7 @@ def cmd_rag(args) -> int:
     if not args.router and not args.model:
         raise ValueError("give --model (a local cluster runs the job) or --router")
     from shoal.cli.output_path import check_output_file
+    from shoal.cli.generate import default_job_key
     from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
     meta = check_index(args.index, args.encoder, args.k)
@@ -161,7 +164,8 @@ def cmd_rag(args) -> int:
                 "encoder": str(Path(args.encoder).resolve()),
                 "index": {"path": str(Path(args.index).resolve()), "manifest": meta},
                 "dtype": args.dtype, "params": params}
-    output = ResumableOutput(part, job_fingerprint(settings, items), overwrite=args.overwrite)
+    fingerprint = job_fingerprint(settings, items)
+    output = ResumableOutput(part, fingerprint, overwrite=args.overwrite)
     records = {rec["id"]: rec for rec in output.earlier_results()}
     todo = [it for it in items if it["id"] not in records]
     if output.resuming:
@@ -180,7 +184,8 @@ def cmd_rag(args) -> int:
                 print(f"index {args.index_name}: {meta['rows']} passages in {len(placed['placement'])} shards on "
                       f"{sorted({n for nodes in placed['placement'] for n in nodes})}", file=sys.stderr)
                 t0 = time.perf_counter()
-                job = client.submit(todo, program="ircot", params=params, job_key=args.job_key)
+                job = client.submit(todo, program="ircot", params=params,
+                                     job_key=args.job_key or default_job_key("rag", fingerprint))
                 print(f"job {job.id}: {len(todo)} questions via {router}", file=sys.stderr)
                 progress = Progress(len(items), "questions")
                 progress.advance(len(items) - len(todo))
@@ -208,4 +213,4 @@ def cmd_rag(args) -> int:
     for r in records.values():
         if r.get("finish_reason") == "error":
             print(f"  {r['id']}: {r['error']}", file=sys.stderr)
-    return 0 if len(ok) == len(items) else 1
+    return finish(len(items) - len(ok), len(items), "questions", args.output, args.allow_failures)

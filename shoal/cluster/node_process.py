@@ -34,7 +34,9 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict |
     if beside_workers and role != "worker":
         env = {**SHARED_CORE_ENV, **(env or {})}
 
-    cmd = [sys.executable, "-m", MODULES[role], *args]
+    # -P (safe path): the current folder is not put first on sys.path, so a `shoal/`
+    # folder where the node is started never shadows the installed package.
+    cmd = [sys.executable, "-P", "-m", MODULES[role], *args]
     log_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([*(prefix or []), *(command(cmd) if die_with_parent else cmd)], stdout=subprocess.PIPE,
                             stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True,

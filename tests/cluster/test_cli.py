@@ -115,7 +115,7 @@ def test_embed_cli_predicts_runs_and_reports_bad_rows(tiny_encoder, tmp_path):
     res = run_cli(*common)
     assert res.returncode == 2 and "b.jsonl:line 2: 'text' must be a string, got int" in res.stderr
     res = run_cli(*common, "--on-error", "skip")
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 4 and "1 of 33 rows failed" in res.stderr, res.stderr[-2000:]
     assert "skipped 1 bad rows" in res.stderr and "b.jsonl:line 2" in res.stderr
     assert f"embeddings: {tmp_path / 'out'}  (32 texts, 32 embedded now" in res.stdout
     assert "predicted" in res.stdout and "measured" in res.stdout
@@ -137,7 +137,7 @@ def test_generate_chat_messages_with_the_model_s_template(tiny_chat_model, tmp_p
     out = tmp_path / "out.jsonl"
     res = run_cli("generate", "--model", str(tiny_chat_model), "--input", str(inp), "--output", str(out),
                   "--on-error", "skip")
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 4 and "1 of 3 sequences failed" in res.stderr, res.stderr[-2000:]
     assert "chats.jsonl:3: messages must be a non-empty list" in res.stderr
     by_id = {r["id"]: r for r in map(orjson.loads, out.read_bytes().splitlines())}
     assert by_id["c3"]["finish_reason"] == "error"

@@ -46,7 +46,7 @@ def test_a_killed_generate_is_finished_by_the_same_command(tiny_model, tmp_path)
     assert out.read_bytes() == raw
 
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == 4 and f"3 of {ITEMS + 3} sequences failed" in again.stderr, again.stderr[-2000:]
     assert f"resuming: {kept} of {ITEMS + 3} records already in {out}; running the other {ITEMS + 3 - kept}" \
         in again.stderr
     assert f"{kept} kept from the interrupted run" in again.stdout
@@ -78,7 +78,7 @@ def test_a_killed_batch_is_finished_with_the_same_line_ids(tiny_chat_model, tmp_
     assert kept[0]["error"]["line"] == ITEMS + 1 and len(kept) < ITEMS + 1
 
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == 4 and f"1 of {ITEMS + 1} requests failed" in again.stderr, again.stderr[-2000:]
     assert f"resuming: {len(kept)} of {ITEMS + 1} lines already in {out}" in again.stderr
     after = out.read_bytes()
     assert after.startswith(first) and not (tmp_path / "results.jsonl.unfinished").exists()
@@ -92,3 +92,28 @@ def test_a_killed_batch_is_finished_with_the_same_line_ids(tiny_chat_model, tmp_
         i = line_of[o["custom_id"]] - 1
         assert o["response"]["status_code"] == 200
         assert 0 < o["response"]["body"]["usage"]["completion_tokens"] <= max_tokens(i)
+
+
+def test_a_rerun_after_the_client_died_reattaches_to_its_job(tiny_model, tmp_path):
+    """Against a running cluster, the client killed mid-job: the same command run again
+    finds the job by its key (the run's fingerprint) and reads the results stored
+    meanwhile; no item is computed twice (each assigned once, in one job)."""
+    import shoal
+    from shoal.transport.rpc import RpcClient
+
+    prompts = [[1 + (7 * i + j) % 500 for j in range(3 + i)] for i in range(ITEMS)]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps({"id": i, "prompt_token_ids": p, "max_tokens": max_tokens(i)}) + b"\n"
+                             for i, p in enumerate(prompts)))
+    with shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb") as c:
+        args = [sys.executable, "-m", "shoal.cli", "generate", "--model", str(tiny_model), "--input", str(inp),
+                "--output", str(out), "--router", c.router]
+        kill_when(args, lambda: whole_lines(out).count(b"\n") >= 3)
+        kept = whole_lines(out).count(b"\n")
+        again = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert f"resuming: {kept} of {ITEMS} records" in again.stderr
+        counters = RpcClient(c.nodes["worker-0"][2]).request("StatsQuery", timeout=5)["stats"]["counters"]
+    assert counters["sequences.assigned"] == ITEMS, counters  # the rerun submitted nothing new
+    recs = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert sorted(r["id"] for r in recs) == list(range(ITEMS))

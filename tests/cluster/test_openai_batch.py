@@ -142,7 +142,7 @@ def test_openai_batch_file_of_1000_requests(tiny_chat_model, tiny_encoder, tmp_p
     with LocalCluster(tiny_chat_model, encoder=tiny_encoder, workers=2, dtype="float32") as cluster:
         res = run_cli("batch", "--input", str(inp), "--output", str(out), "--model", str(tiny_chat_model),
                       "--encoder", str(tiny_encoder), "--router", cluster.router)
-        assert res.returncode == 0, res.stderr[-3000:]
+        assert res.returncode == 4 and "20 of 1000 requests failed" in res.stderr, res.stderr[-3000:]
         assert "(1000 requests, 980 completed, 20 failed" in res.stdout
         job_id = next(w for w in res.stderr.split() if w.startswith("j-")).rstrip(":")
         with Client(cluster.router) as client:
