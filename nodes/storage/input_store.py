@@ -123,6 +123,10 @@ class InputStore:
             shutil.rmtree(self.root / "uploads" / upload_id, ignore_errors=True)
         return total
 
+    def forget(self, job_id: str) -> None:
+        """Drops a finished job's line offsets (read again from its file if ever needed)."""
+        self._offsets.pop(job_id, None)
+
     # -- reading -------------------------------------------------------------------------------
 
     def read(self, job_id: str, offset: int, limit: int, max_bytes: int, keep=None,

@@ -29,6 +29,7 @@ from shoal.nodes.storage.job_log import JobLog, StaleEpoch
 from shoal.nodes.storage.parked_reads import MAX_WAIT_S, ParkedRead, ParkedReads
 from shoal.nodes.node import Node, add_data_root_arg, data_roots_of, lasting_node_id, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.nodes.storage.result_compaction import compact
+from shoal.nodes.storage.finished_results import FinishedResults
 from shoal.nodes.storage.result_log import ResultLog
 from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
 from shoal.protocol.errors import ProtocolError
@@ -70,6 +71,8 @@ class StorageNode(Node):
         self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
+        self._finished: dict[str, FinishedResults] = {}  # compacted on a thread, not yet swapped in
+        self._finished_lock = threading.Lock()
         self.embedding = EmbeddingJobs(self.dir, data_roots=self.data_roots)
         self.parked = ParkedReads()  # Subscribes waiting for their job (`wait_ms`)
         self.indexes = IndexService(self.dir, None, data_roots=self.data_roots)
@@ -175,7 +178,8 @@ class StorageNode(Node):
             path = self.dir / "jobs" / job_id / "results.wal"
             if not create and not path.exists():
                 return _NoResults()
-            self.logs[job_id] = ResultLog(path)
+            # A job compacted before this process started is finished: its compact view.
+            self.logs[job_id] = FinishedResults(path) if job_id in self.compacted else ResultLog(path)
         return self.logs[job_id]
 
     def _checkpoints(self, job_id: str) -> CheckpointStore:
@@ -273,7 +277,17 @@ class StorageNode(Node):
 
     def _compact_finished(self) -> None:
         """Every job whose log holds a result for each input item gets its shards, once,
-        on a thread (the log no longer changes: later writes are all duplicates)."""
+        on a thread (the log no longer changes: later writes are all duplicates); then
+        its per-item state is dropped for a compact view (`finished_results.py`)."""
+        with self._finished_lock:
+            finished, self._finished = self._finished, {}
+        for job_id, view in finished.items():
+            old, self.logs[job_id] = self.logs.get(job_id), view
+            if old is not None:
+                old.close()
+            self.inputs.forget(job_id)
+        if finished:
+            give_back_memory()
         for job_id, rl in self.logs.items():
             if job_id in self.compacted:
                 continue
@@ -289,6 +303,15 @@ class StorageNode(Node):
 
     def _compact(self, job_id: str, wal: Path) -> None:
         written = compact(wal)
+        try:  # what Parquet's writer pooled goes back too
+            import pyarrow
+
+            pyarrow.default_memory_pool().release_unused()
+        except ImportError:
+            pass
+        view = FinishedResults(wal)  # built here, off the loop; swapped in by the loop
+        with self._finished_lock:
+            self._finished[job_id] = view
         self.counters["jobs.compacted"] += 1
         log.info("[compact] %s: %s", job_id, ", ".join(written.values()))
 
@@ -305,7 +328,25 @@ class StorageNode(Node):
         super().close()
 
     def stats(self) -> dict:
-        return {**super().stats(), "highwater": dict(self.embedding.highwater)}
+        running = [rl for rl in self.logs.values() if isinstance(rl, ResultLog)]
+        return {**super().stats(), "highwater": dict(self.embedding.highwater),
+                # What storage's memory follows: the results of jobs still running.
+                "result_logs": {"running": len(running), "finished": len(self.logs) - len(running),
+                                "resident_ids": sum(len(rl.ids) for rl in running)}}
+
+
+def give_back_memory() -> None:
+    """Freed per-item state goes back to the system, not only to Python's and glibc's
+    free lists (a storage node that held a million items' state would otherwise keep
+    the high-water mark for good)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

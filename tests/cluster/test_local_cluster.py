@@ -63,7 +63,8 @@ def test_generate_job_through_the_cluster(tiny_model, tmp_path, workers, monkeyp
     prompts = [[r.randrange(511) for _ in range(r.randint(1, 100))] for _ in range(30)]
     params = SamplingParams(max_tokens=16, ignore_eos=True, return_margins=True)
     items = [{"id": f"q{i}", "prompt_token_ids": p} for i, p in enumerate(prompts)]
-    items.append({"id": "bad", "prompt_token_ids": []})
+    # Past every check storage can make (it knows no vocabulary): it fails on a worker.
+    items.append({"id": "bad", "prompt_token_ids": [10**6]})
     if workers == 2:  # this job's input goes up in chunks, as a large one would
         monkeypatch.setattr(shoal.sdk.client, "INLINE_BYTES", 512)
         monkeypatch.setattr(shoal.sdk.client, "CHUNK_BYTES", 700)

@@ -174,7 +174,7 @@ def test_chunked_input_paged_reads_and_compacted_shards(tmp_path):
     proc, address = start_storage(tmp_path / "st")
     try:
         c = RpcClient(address)
-        items = [{"id": f"i{n}", "prompt": "word " * n} for n in range(300)]
+        items = [{"id": f"i{n}", "prompt": "word " * (n + 1)} for n in range(300)]
         data = b"".join(orjson.dumps(it) + b"\n" for it in items)
         for index in range(0, len(data) // 4096 + 1):
             ack = c.request("UploadChunk", {"upload_id": "up1", "index": index}, {"data": data[index * 4096:(index + 1) * 4096]})
@@ -201,6 +201,28 @@ def test_chunked_input_paged_reads_and_compacted_shards(tmp_path):
         assert table.num_rows == 300 and sorted(table.column("id").to_pylist()) == sorted(it["id"] for it in items)
         stats = c.request("StatsQuery")["stats"]["counters"]
         assert stats["jobs.compacted"] == 1 and stats["records.duplicate"] == 1
+        # Then the finished job's per-item state is dropped (memory follows the jobs in
+        # flight): reads are the same, a late copy is still a duplicate.
+        for _ in range(100):
+            logs = c.request("StatsQuery")["stats"]["result_logs"]
+            if logs["finished"] == 1:
+                break
+            threading.Event().wait(0.1)
+        assert logs == {"running": 0, "finished": 1, "resident_ids": 0}
+        read = c.request("Subscribe", {"job_id": "jb", "offset": 150})
+        assert [r["id"] for r in read["records"]] == [it["id"] for it in items[150:]] and read["final"]
+        ack = c.request("WriteResults", {"job_id": "jb", "records": [{"id": "i7", "text": "late"}]})
+        assert (ack["written"], ack["duplicates"]) == (0, 1)
+    finally:
+        proc.kill()
+        proc.wait()
+    # A restarted storage serves the compacted job from its compact view at once.
+    proc, address = start_storage(tmp_path / "st")
+    try:
+        c = RpcClient(address)
+        read = c.request("Subscribe", {"job_id": "jb", "offset": 0})
+        assert len(read["records"]) == 300 and read["final"]
+        assert c.request("StatsQuery")["stats"]["result_logs"] == {"running": 0, "finished": 1, "resident_ids": 0}
     finally:
         proc.kill()
         proc.wait()
