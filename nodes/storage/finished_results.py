@@ -15,6 +15,8 @@ from pathlib import Path
 
 import orjson
 
+from shoal.nodes.storage.result_log import parse_within
+
 STRIDE = 1024
 
 
@@ -50,18 +52,11 @@ class FinishedResults:
         `max_bytes` (at least one)."""
         if offset >= self.count or limit <= 0:
             return []
-        out, size = [], 0
         with open(self.path, "rb") as fh:
             fh.seek(self.sparse[offset // STRIDE])
             for _ in range(offset % STRIDE):
                 fh.readline()
-            for _ in range(min(limit, self.count - offset)):
-                line = fh.readline()
-                size += len(line)
-                if out and max_bytes is not None and size > max_bytes:
-                    break
-                out.append(orjson.loads(line))
-        return out
+            return parse_within((fh.readline() for _ in range(min(limit, self.count - offset))), max_bytes)
 
     def commit(self) -> None:
         pass

@@ -14,6 +14,17 @@ import orjson
 from shoal.nodes.storage.append_log import AppendLog
 
 
+def parse_within(lines, max_bytes: int | None) -> list[dict]:
+    """The records of `lines` while their bytes stay within `max_bytes` (at least one)."""
+    out, size = [], 0
+    for line in lines:
+        size += len(line)
+        if out and max_bytes is not None and size > max_bytes:
+            break
+        out.append(orjson.loads(line))
+    return out
+
+
 class ResultLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -56,16 +67,13 @@ class ResultLog:
         """Committed-or-buffered records [offset, offset + limit) in log order; fewer
         if their lines pass `max_bytes` (at least one)."""
         self.log.flush()
-        out, size = [], 0
         with open(self.path, "rb") as fh:
-            for start in self.offsets[offset : offset + limit]:
-                fh.seek(start)
-                line = fh.readline()
-                size += len(line)
-                if out and max_bytes is not None and size > max_bytes:
-                    break
-                out.append(orjson.loads(line))
-        return out
+            def lines():
+                for start in self.offsets[offset : offset + limit]:
+                    fh.seek(start)
+                    yield fh.readline()
+
+            return parse_within(lines(), max_bytes)
 
     def close(self) -> None:
         self.log.close()
