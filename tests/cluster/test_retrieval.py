@@ -208,7 +208,11 @@ def test_a_killed_rag_is_finished_by_the_same_command(rag_cluster):
                 "--index", str(tmp / "index1"), "--index-name", "resume", "--input", str(inp), "--output", str(out),
                 "--k", "3"]
 
-    whole = subprocess.run(rag(tmp / "whole.jsonl"), capture_output=True, text=True, timeout=300)
+    # The reference run takes a job key of its own: under the default key (the run's
+    # fingerprint, which the output path is not part of) the run killed below would
+    # reattach to this finished job and could end before it is killed.
+    whole = subprocess.run(rag(tmp / "whole.jsonl") + ["--job-key", "rag-resume-reference"], capture_output=True,
+                           text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
     reference = (tmp / "whole.jsonl").read_bytes().splitlines(keepends=True)
     out = tmp / "resumed.jsonl"
