@@ -41,6 +41,9 @@ class Message:
     def __getitem__(self, name: str):
         return self.fields[name]
 
+    def get(self, name: str, default=None):
+        return self.fields.get(name, default)
+
 
 def encode(msg_type: str, fields: dict | None = None, blobs: dict[str, bytes] | None = None,
            msg_id: str | None = None, reply_to: str | None = None) -> list[bytes]:

@@ -4,7 +4,7 @@ that names the problem.
 Every code is declared here, once; raisers and clients name the constant, never the
 string (a unit test walks the source for literals). A code says what the sender of the
 request should do: fix the request (malformed ... forbidden), ask again later
-(unavailable, not_leader, draining), or stop speaking for a deposed leader (stale_epoch).
+(unavailable, not_leader, draining, disk_full), or stop speaking for a deposed leader (stale_epoch).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class ProtocolError(ShoalError, ValueError):
     UNKNOWN_INDEX = "unknown_index"  # no shard of that index is loaded on this node
     # Not now, or not here: retry (elsewhere, or later).
     UNAVAILABLE = "unavailable"  # a peer it needs is missing or did not answer; a leader still taking over
+    DISK_FULL = "disk_full"  # the node's disk has no room for the write (1.10): retry once space is freed
     NOT_LEADER = "not_leader"  # a standby scheduler was asked what only the leader answers
     DRAINING = "draining"  # a draining worker takes no new work
     STALE_EPOCH = "stale_epoch"  # the sender speaks for a leader that has been replaced
@@ -48,4 +49,4 @@ class ProtocolError(ShoalError, ValueError):
 
 CODES = frozenset(v for k, v in vars(ProtocolError).items() if k.isupper() and isinstance(v, str))
 # Codes after which the same request may succeed if sent again (later, or to another node).
-RETRYABLE = frozenset({ProtocolError.UNAVAILABLE, ProtocolError.NOT_LEADER})
+RETRYABLE = frozenset({ProtocolError.UNAVAILABLE, ProtocolError.NOT_LEADER, ProtocolError.DISK_FULL})

@@ -53,9 +53,10 @@ SUBSCRIBE = _declare(M("Subscribe", "Stream a job's results from an offset (resu
     F("job_id", "str"), F("offset", "int", 0), F("wait_ms", "int", 0))))
 RESULT_BATCH = _declare(M("ResultBatch", "Result records of a job, starting at `offset` in its result log; "
                           "`final`: the job is over and these are its last records; `available`: how many are "
-                          "stored.", (
+                          "stored; `disk_full` (1.10): why storage takes no more results now (its disk is full, "
+                          "named with its free bytes), empty while it takes them.", (
     F("job_id", "str"), F("offset", "int"), F("records", "list"), F("final", "bool", False),
-    F("available", "int", 0))))
+    F("available", "int", 0), F("disk_full", "str", ""))))
 CANCEL_JOB = _declare(M("CancelJob", "Stop a job; finished results are kept.", (F("job_id", "str"),)))
 
 # -- placement: scheduler <-> worker -------------------------------------------------------

@@ -7,5 +7,5 @@ version with an `Error` reply. Anything else is a new major version.
 """
 
 PROTOCOL_MAJOR = 1
-PROTOCOL_MINOR = 9
+PROTOCOL_MINOR = 10
 PROTOCOL_VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)

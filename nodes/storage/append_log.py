@@ -6,6 +6,11 @@ with one fsync (group commit: however many records arrived in between). On open 
 records are read back in order up to the first line that is not a whole record its
 owner accepts — the torn tail of a crash mid-append — and the file is cut there, so
 every record before it is intact and the next append starts on a clean line.
+
+A commit the disk has no room for (`ENOSPC`) is undone: the file is cut back to what
+the last commit made durable and the records appended since are dropped, so the owner
+can drop its own view of them too (`rollback`) and the sender, never acknowledged,
+sends them again. Only committed records are ever in the file for a reader to see.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ class AppendLog:
         each whole one. With `create` the file exists from now on; without, from the
         first append."""
         self.path = Path(path)
-        self.fh = None
-        self._dirty = False
+        self.fd: int | None = None
+        self.size = 0  # bytes made durable: the file's length after the last commit
+        self._buffer = bytearray()  # appended since
         self._recover(on_record)
         if create:
             self._open()
@@ -47,33 +53,47 @@ class AppendLog:
         if good < len(data):
             with open(self.path, "r+b") as fh:
                 fh.truncate(good)
+        self.size = good
 
     def _open(self) -> None:
-        if self.fh is None:
+        if self.fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.fh = open(self.path, "ab")
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, record: dict) -> int:
-        """Buffers one record; returns its byte offset. Durable after commit()."""
-        self._open()
-        offset = self.fh.tell()
-        self.fh.write(orjson.dumps(record) + b"\n")
-        self._dirty = True
+        """Buffers one record; returns its byte offset. In the file and durable after commit()."""
+        offset = self.size + len(self._buffer)
+        self._buffer += orjson.dumps(record) + b"\n"
         return offset
 
-    def flush(self) -> None:
-        """Hands buffered lines to the OS, so a reader of the file sees them (not durable)."""
-        if self.fh is not None:
-            self.fh.flush()
+    @property
+    def pending(self) -> bool:
+        return bool(self._buffer)
 
     def commit(self) -> None:
-        if self._dirty:
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-            self._dirty = False
+        """Writes and fsyncs what was appended since the last commit. On any failure
+        (a full disk) the file is cut back to its committed length, what was appended
+        since is dropped, and the error is raised for the owner to roll back its view."""
+        if not self._buffer:
+            return
+        self._open()
+        try:
+            done = os.write(self.fd, self._buffer)
+            while done < len(self._buffer):  # a short write: the rest (a view, released at once)
+                done += os.write(self.fd, memoryview(self._buffer)[done:])
+            os.fsync(self.fd)
+        except OSError:
+            self._buffer.clear()
+            os.ftruncate(self.fd, self.size)  # cutting back needs no space
+            raise
+        self.size += len(self._buffer)
+        self._buffer.clear()
 
     def close(self) -> None:
-        if self.fh is not None:
+        """Commits what is pending (a failure to is raised; the file stays whole) and closes."""
+        try:
             self.commit()
-            self.fh.close()
-            self.fh = None
+        finally:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None

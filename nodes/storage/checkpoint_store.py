@@ -54,6 +54,9 @@ class CheckpointStore:
         self.latest.pop(orjson.dumps(seq_id), None)
 
     def commit(self) -> None:
+        """Durable on disk. A full disk drops the appended lines (the error is raised)
+        but not the states kept in memory: each is a valid point to restart from, only
+        not one a crash of this node would keep."""
         self.log.commit()
 
     def close(self) -> None:

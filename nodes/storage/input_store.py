@@ -38,10 +38,14 @@ def check_name(kind: str, name: str) -> str:
 def write_atomic(path: Path, data: bytes) -> None:
     """Writes a small file so that it is either wholly there or not at all."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:  # a full disk: what was written goes, not to hold the space
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -111,12 +115,16 @@ class InputStore:
         d.mkdir(parents=True, exist_ok=True)
         checker, total = ItemChecker(program, self.max_item_bytes), 0
         tmp = d / "input.jsonl.tmp"
-        with open(tmp, "wb") as out:
-            for where, place, rec in records:
-                out.write(orjson.dumps(checker.record(rec, where, place)) + b"\n")
-                total += 1
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            with open(tmp, "wb") as out:
+                for where, place, rec in records:
+                    out.write(orjson.dumps(checker.record(rec, where, place)) + b"\n")
+                    total += 1
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:  # a bad item or a full disk: nothing half-written stays
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, d / "input.jsonl")
         write_atomic(d / "input.json", orjson.dumps({"total": total}))
         if upload_id:

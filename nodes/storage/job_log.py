@@ -45,12 +45,13 @@ class JobLog:
             self.epoch = epoch
             self._write({"epoch": epoch})
 
-    def _apply(self, rec: dict) -> bool:
+    def _newer(self, rec: dict) -> bool:
         old = self.jobs.get(rec["job_id"])
-        if old is not None and _RANK.get(rec["state"], 0) < _RANK.get(old["state"], 0):
-            return False
-        self.jobs[rec["job_id"]] = rec
-        return True
+        return old is None or _RANK.get(rec["state"], 0) >= _RANK.get(old["state"], 0)
+
+    def _apply(self, rec: dict) -> None:
+        if self._newer(rec):
+            self.jobs[rec["job_id"]] = rec
 
     def record(self, rec: dict, epoch: int) -> None:
         missing = [k for k in REQUIRED if k not in rec]
@@ -60,8 +61,9 @@ class JobLog:
             raise ValueError(f"job state {rec['state']!r} is not one of {', '.join(_RANK)}")
         self.check_epoch(epoch)
         rec = {**rec, "epoch": epoch}
-        if self._apply(rec):
+        if self._newer(rec):  # on disk first: a record the disk refuses is not known here either
             self._write(rec)
+            self.jobs[rec["job_id"]] = rec
 
     def _write(self, rec: dict) -> None:
         self.log.append(rec)

@@ -21,11 +21,15 @@ log = logging.getLogger(__name__)
 
 def write_jsonl(wal: Path, out: Path) -> None:
     tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        for rec in iter_jsonl(wal):
-            fh.write(orjson.dumps(rec) + b"\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            for rec in iter_jsonl(wal):
+                fh.write(orjson.dumps(rec) + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:  # a full disk: the half-written shard goes, not to hold the space
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out)
 
 
@@ -41,5 +45,8 @@ def compact(wal: str | Path) -> dict[str, str]:
         jsonl_to_parquet(wal, wal.with_name("results.parquet"))
         written["parquet"] = str(wal.with_name("results.parquet"))
     except Exception as e:  # noqa: BLE001 - pyarrow's errors have many types; the JSONL shard stands
+        wal.with_name("results.parquet.tmp").unlink(missing_ok=True)
+        if isinstance(e, OSError):  # the disk (full, failing): not the data; the caller tries again
+            raise
         log.warning("[compact] %s: no Parquet shard (%s)", wal.parent.name, e)
     return written

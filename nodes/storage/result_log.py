@@ -3,6 +3,9 @@
 
 First writer wins per item id: a record whose id is already in the log is counted as a
 duplicate and dropped, so at-least-once delivery never shows an item twice.
+
+Readers see committed records only (`len` counts them): a record is read, and counted
+toward the job, once it is durable, so one a full disk rolls back was never shown.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ class ResultLog:
         self.path = Path(path)
         self.offsets: list[int] = []  # byte offset of each record, in log order
         self.ids: set[bytes] = set()
-        self.failed = 0  # records whose finish_reason is "error"
+        self.failed = 0  # committed records whose finish_reason is "error"
+        self._pending: list[tuple[bytes, bool]] = []  # (id, failed) of records appended since the last commit
         self.log = AppendLog(self.path, self._recovered)
+        self.durable = len(self.offsets)
 
     def _recovered(self, offset: int, rec: dict) -> None:
         key = orjson.dumps(rec["id"])
@@ -40,10 +45,10 @@ class ResultLog:
         self.failed += rec.get("finish_reason") == "error"
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return self.durable
 
     def __contains__(self, item_id) -> bool:
-        """Whether the item with this id has its result here."""
+        """Whether the item with this id has its result here (or in the commit under way)."""
         return orjson.dumps(item_id) in self.ids
 
     def append(self, records: list[dict]) -> tuple[int, int]:
@@ -56,20 +61,34 @@ class ResultLog:
                 continue
             self.offsets.append(self.log.append(rec))
             self.ids.add(key)
-            self.failed += rec.get("finish_reason") == "error"
+            self._pending.append((key, rec.get("finish_reason") == "error"))
             written += 1
         return written, dup
 
     def commit(self) -> None:
-        self.log.commit()
+        """Makes the records appended since the last commit durable and readable. If the
+        disk refuses them they are forgotten here too (their ids free for the re-sent
+        copies) and the error is raised."""
+        if not self._pending:
+            return
+        try:
+            self.log.commit()
+        except OSError:
+            for key, _ in self._pending:
+                self.ids.discard(key)
+            del self.offsets[self.durable:]
+            self._pending.clear()
+            raise
+        self.failed += sum(f for _, f in self._pending)
+        self._pending.clear()
+        self.durable = len(self.offsets)
 
     def read(self, offset: int, limit: int, max_bytes: int | None = None) -> list[dict]:
-        """Committed-or-buffered records [offset, offset + limit) in log order; fewer
-        if their lines pass `max_bytes` (at least one)."""
-        self.log.flush()
+        """Committed records [offset, offset + limit) in log order; fewer if their lines
+        pass `max_bytes` (at least one)."""
         with open(self.path, "rb") as fh:
             def lines():
-                for start in self.offsets[offset : offset + limit]:
+                for start in self.offsets[offset : min(offset + limit, self.durable)]:
                     fh.seek(start)
                     yield fh.readline()
 

@@ -8,6 +8,11 @@ checkpoints (`checkpoint_store.py`) ride along with the items placed again.
 
 Durability domain: this node's disk. A WriteAck is sent only after the fsync that
 covers its records, so an acknowledged result survives a crash of any process.
+
+A full disk is a state (`disk_space.py`): writes are refused with `disk_full`, naming
+the directory and its free bytes, while reads go on; a commit the disk has no room for
+is rolled back and its writes refused the same way, so nothing refused was acknowledged
+and the senders, who keep what they sent, try again until space is freed.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 from shoal.generate_input import MAX_ITEM_BYTES, InputError
 from shoal.nodes.storage.checkpoint_store import CheckpointStore
+from shoal.nodes.storage.disk_space import DEFAULT_RESERVE_BYTES, DiskSpace, is_out_of_space
 from shoal.nodes.data_roots import DataRoots
 from shoal.nodes.storage.embedding_jobs import EmbeddingJobs
 from shoal.nodes.storage.index_service import IndexService
@@ -39,6 +46,16 @@ log = logging.getLogger(__name__)
 
 READ_LIMIT = 1000  # records per ResultBatch
 INPUT_PAGE_BYTES = BATCH_BYTES  # items (and checkpoints) travel in the header: under its cap
+COMPACTION_RETRY_S = 30.0  # a job whose shards the disk had no room for is compacted again after this
+
+
+class AfterCommit(NamedTuple):
+    """A write's reply, sent only once the batch's commit of `log` (a key of
+    StorageNode._commit_logs) has made its records durable; an Error if it failed."""
+
+    reply: list
+    log: tuple
+    msg: Message
 
 
 class _NoResults:
@@ -60,10 +77,12 @@ class StorageNode(Node):
     role = "storage"
 
     def __init__(self, node_id: str, data_dir: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
-                 data_roots: list[str] | None = None, **kw):
+                 data_roots: list[str] | None = None, reserve_bytes: int = DEFAULT_RESERVE_BYTES, **kw):
         """`data_roots`: the folders a request may name paths in (input files, corpora,
-        embedding outputs, indexes); None: nowhere."""
+        embedding outputs, indexes); None: nowhere. `reserve_bytes`: writes are refused
+        (`disk_full`) while the data directory's filesystem has less free."""
         self.dir = Path(data_dir)
+        self.disk = DiskSpace(node_id, self.dir, reserve_bytes)
         self.data_roots = DataRoots(data_roots or [])
         self.logs: dict[str, ResultLog] = {}
         self.checkpoints: dict[str, CheckpointStore] = {}
@@ -73,6 +92,7 @@ class StorageNode(Node):
         self._compactions: list[threading.Thread] = []
         self._finished: dict[str, FinishedResults] = {}  # compacted on a thread, not yet swapped in
         self._finished_lock = threading.Lock()
+        self._unsharded: dict[str, float] = {}  # finished jobs whose shards the disk had no room for -> when
         self.embedding = EmbeddingJobs(self.dir, data_roots=self.data_roots)
         self.parked = ParkedReads()  # Subscribes waiting for their job (`wait_ms`)
         self.indexes = IndexService(self.dir, None, data_roots=self.data_roots)
@@ -84,10 +104,27 @@ class StorageNode(Node):
             self.indexes.publish = lambda indexes: self.registration.publish(indexes=indexes)
 
     def handler_table(self) -> dict:
-        return {"WriteResults": self.on_write_results, "WriteCheckpoints": self.on_write_checkpoints, "Subscribe": self.on_subscribe,
-                "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input,
-                "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count,
-                **self.embedding.handlers(), **self.indexes.handlers()}
+        table = {"WriteResults": self.on_write_results, "WriteCheckpoints": self.on_write_checkpoints, "Subscribe": self.on_subscribe,
+                 "UploadChunk": self.on_upload_chunk, "IngestInput": self.on_ingest, "ReadInput": self.on_read_input,
+                 "LogJob": self.on_log_job, "ListJobs": self.on_list_jobs, "ResultCountQuery": self.on_result_count,
+                 **self.embedding.handlers(), **self.indexes.handlers()}
+        # What fills the disk is refused while it is full; the job log's rare state
+        # changes write into the reserve, and reads go on.
+        for name in ("WriteResults", "WriteCheckpoints", "UploadChunk", "IngestInput", "IngestCorpus", "WriteEmbeddings"):
+            table[name] = self._when_there_is_room(table[name])
+        return table
+
+    def _when_there_is_room(self, handler):
+        def guarded(msg: Message):
+            self.disk.check()
+            return handler(msg)
+
+        return guarded
+
+    def failed(self, msg: Message, e: Exception) -> list:
+        if is_out_of_space(e):  # a write the kernel refused: a state to report, not a bug
+            e = self.disk.refused(e)
+        return super().failed(msg, e)
 
     def _fence(self, epoch: int) -> None:
         try:
@@ -195,7 +232,8 @@ class StorageNode(Node):
         rl = self._log(msg["job_id"], create=False)
         kept = self._checkpoints(msg["job_id"]).record(entries, lambda i: i in rl)
         self.counters["checkpoints.kept"] += kept
-        return encode("CheckpointAck", {"job_id": msg["job_id"], "kept": kept}, reply_to=msg.id)
+        return AfterCommit(encode("CheckpointAck", {"job_id": msg["job_id"], "kept": kept}, reply_to=msg.id),
+                           ("checkpoints", msg["job_id"]), msg)
 
     def on_write_results(self, msg: Message):
         records = msg["records"]
@@ -209,7 +247,10 @@ class StorageNode(Node):
                 ckpts.forget(r["id"])
         self.counters["records.written"] += written
         self.counters["records.duplicate"] += dup
-        return encode("WriteAck", {"job_id": msg["job_id"], "written": written, "duplicates": dup}, reply_to=msg.id)
+        # Sent after the commit, even for duplicates only: the first copy may be in this
+        # very commit, which the disk can still refuse.
+        return AfterCommit(encode("WriteAck", {"job_id": msg["job_id"], "written": written, "duplicates": dup},
+                                  reply_to=msg.id), ("results", msg["job_id"]), msg)
 
     def on_subscribe(self, msg: Message):
         if msg["offset"] < 0 or msg["wait_ms"] < 0:
@@ -232,7 +273,8 @@ class StorageNode(Node):
         records = rl.read(msg["offset"], READ_LIMIT, BATCH_BYTES)  # the header's cap, not a count, bounds it
         final = msg["offset"] + len(records) >= len(rl) and self._complete(msg["job_id"], rl)
         return encode("ResultBatch", {"job_id": msg["job_id"], "offset": msg["offset"], "records": records,
-                                      "final": final, "available": len(rl)}, reply_to=msg.id)
+                                      "final": final, "available": len(rl),
+                                      "disk_full": "" if final else self.disk.problem()}, reply_to=msg.id)
 
     def handle_batch(self, batch) -> None:
         """Group commit: every WriteResults that arrived together shares one fsync per
@@ -246,11 +288,11 @@ class StorageNode(Node):
                 self.parked.park(reply.msg["job_id"], reply)
                 continue
             replies.append((identity, reply))
-        for rl in self.logs.values():
-            rl.commit()
-        for store in self.checkpoints.values():
-            store.commit()
+        refused = self._commit_logs()
         for identity, reply in replies:
+            if isinstance(reply, AfterCommit):
+                e = refused.get(reply.log)
+                reply = reply.reply if e is None else self.failed(reply.msg, e)
             if reply is not None:
                 self.send(identity, reply)
         for job_id in self.parked.jobs():
@@ -258,8 +300,24 @@ class StorageNode(Node):
             self._answer(self.parked.take(job_id, lambda r: self._read_ready(r.msg, rl)))
         self._compact_finished()
 
+    def _commit_logs(self) -> dict[tuple, Exception]:
+        """Commits every log written in this batch; returns the errors of those whose
+        commit failed (rolled back: their writes are refused, not acknowledged)."""
+        refused = {}
+        for kind, logs in (("results", self.logs), ("checkpoints", self.checkpoints)):
+            for job_id, log_ in logs.items():
+                try:
+                    log_.commit()
+                except OSError as e:
+                    self.counters["errors.commit"] += 1
+                    log.warning("[commit] %s of %s refused: %s", kind, job_id, e)
+                    refused[(kind, job_id)] = e if is_out_of_space(e) else ProtocolError(
+                        ProtocolError.UNAVAILABLE, f"{self.node_id} could not write {kind} of {job_id}: {e}")
+        return refused
+
     def tick(self) -> None:
         self._answer(r for _, r in self.parked.take_due(time.monotonic()))
+        self._shard_again()
 
     def poll_timeout_ms(self) -> int:
         deadline = self.parked.next_deadline()
@@ -301,8 +359,30 @@ class StorageNode(Node):
                 t.start()
                 self._compactions.append(t)
 
+    def _shard_again(self) -> None:
+        """Finished jobs whose shards the disk had no room for are compacted again once
+        it has (their results are read from the log meanwhile)."""
+        now = time.monotonic()
+        with self._finished_lock:
+            due = [j for j, at in self._unsharded.items() if now - at >= COMPACTION_RETRY_S]
+        if not due or self.disk.problem():
+            return
+        for job_id in due:
+            with self._finished_lock:
+                self._unsharded.pop(job_id, None)
+            wal = self.dir / "jobs" / job_id / "results.wal"
+            t = threading.Thread(target=self._compact, args=(job_id, wal), name=f"compact-{job_id}", daemon=True)
+            t.start()
+            self._compactions.append(t)
+
     def _compact(self, job_id: str, wal: Path) -> None:
-        written = compact(wal)
+        try:
+            written = compact(wal)
+        except OSError as e:  # a full disk: the job is finished all the same, its results read from the log
+            log.warning("[compact] %s: no shards yet (%s); trying again once there is room", job_id, e)
+            written = None
+            with self._finished_lock:
+                self._unsharded[job_id] = time.monotonic()
         try:  # what Parquet's writer pooled goes back too
             import pyarrow
 
@@ -312,8 +392,9 @@ class StorageNode(Node):
         view = FinishedResults(wal)  # built here, off the loop; swapped in by the loop
         with self._finished_lock:
             self._finished[job_id] = view
-        self.counters["jobs.compacted"] += 1
-        log.info("[compact] %s: %s", job_id, ", ".join(written.values()))
+        if written is not None:
+            self.counters["jobs.compacted"] += 1
+            log.info("[compact] %s: %s", job_id, ", ".join(written.values()))
 
     def close(self) -> None:
         self.search.close()
@@ -329,7 +410,7 @@ class StorageNode(Node):
 
     def stats(self) -> dict:
         running = [rl for rl in self.logs.values() if isinstance(rl, ResultLog)]
-        return {**super().stats(), "highwater": dict(self.embedding.highwater),
+        return {**super().stats(), "highwater": dict(self.embedding.highwater), "disk": self.disk.state(),
                 # What storage's memory follows: the results of jobs still running.
                 "result_logs": {"running": len(running), "finished": len(self.logs) - len(running),
                                 "resident_ids": sum(len(rl.ids) for rl in running)}}
@@ -355,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-item-bytes", type=int, default=MAX_ITEM_BYTES,
                     help="largest job item taken, as compact JSON; a larger one is refused, naming its line "
                          f"(at most {MAX_HEADER_BYTES // 2}: items travel in message headers)")
+    ap.add_argument("--min-free-mb", type=float, default=DEFAULT_RESERVE_BYTES / 2**20,
+                    help="writes are refused (disk_full, naming this directory) while its filesystem has less free; "
+                         "reads go on, and the writes are taken again once space is freed")
     add_data_root_arg(ap)
     args = parse_node_args(ap, argv)
     if not 0 < args.max_item_bytes <= MAX_HEADER_BYTES // 2:
@@ -363,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     start_logging("storage", node_id)
     roots = data_roots_of(args)
     node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, data_roots=roots, bind=args.bind, etcd=args.etcd,
-                       cluster=args.cluster, advertise=args.advertise)
+                       cluster=args.cluster, advertise=args.advertise, reserve_bytes=int(args.min_free_mb * 2**20))
     return run_node(node, args.metrics_port, args.metrics_host)
 
 if __name__ == "__main__":

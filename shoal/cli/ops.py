@@ -177,6 +177,10 @@ def cmd_nodes(args) -> int:
                      f" dtype {e.get('dtype')}, budget {e.get('budget')} tokens/step"
                      + (" (rows padded)" if e.get("pad_rows") else "")
                      + (" DRAINING" if st.get("draining") else ""))
+        if "disk" in st:  # a storage node
+            d = st["disk"]
+            extra = (f" disk {d['free_bytes'] / 2**30:.2f} GiB free in {d['dir']}"
+                     + (f" FULL (writes wait for {d['reserve_bytes'] / 2**20:.0f} MiB free)" if d["full"] else ""))
         if "jobs" in st:
             extra = f" leader {st['leader']} epoch {st['epoch']} jobs {len(st['jobs'])}"
             if sum(st.get("decision_hist") or []):

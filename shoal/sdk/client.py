@@ -59,11 +59,19 @@ class Job:
             return poll if end is None else max(0.0, min(poll, end - time.monotonic()))
 
         wait = caught_up_wait()
+        said = ""
         while True:
             asked, sent = time.monotonic(), wait
             batch = self.client._request("Subscribe", {"job_id": self.id, "offset": offset,
                                                        "wait_ms": int(1000 * sent)},
                                          reply_timeout=self.client.reply_timeout + sent)
+            full = batch.get("disk_full", "")
+            if full != said:  # said once when it fills, once when it has room again
+                if full:
+                    log.warning("job %s waits: %s", self.id, full)
+                else:
+                    log.warning("job %s: storage takes results again", self.id)
+                said = full
             yield from batch["records"]
             offset += len(batch["records"])
             if batch["final"]:

@@ -15,7 +15,7 @@ EXAMPLES = {
     "JobStatus": ({"job_id": "j-1", "state": "running", "total": 2, "done": 1, "failed": 0, "tokens_per_s": 10.0}, {}),
     "Subscribe": ({"job_id": "j-1", "offset": 0, "wait_ms": 200}, {}),
     "ResultBatch": ({"job_id": "j-1", "offset": 0, "records": [{"id": 1, "text": "x", "token_ids": [5]}], "final": True,
-                     "available": 1}, {}),
+                     "available": 1, "disk_full": "storage-0's disk is full"}, {}),
     "CancelJob": ({"job_id": "j-1"}, {}),
     "AssignSequences": ({"epoch": 7, "job_id": "j-1", "sequences": [{"seq_id": "1", "item": {"id": "1", "prompt_token_ids": [1, 2]}}],
                          "report_to": "tcp://127.0.0.1:5", "storage": "tcp://127.0.0.1:6", "program": "generate",

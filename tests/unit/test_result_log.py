@@ -29,6 +29,8 @@ def test_reads_stop_at_a_byte_budget_but_return_at_least_one(tmp_path):
 
     log = ResultLog(tmp_path / "r.wal")
     log.append([{"id": i, "text": "x" * 100} for i in range(5)])
+    assert len(log) == 0 and log.read(0, 10) == []  # not durable yet: not read, not counted
+    log.commit()
     assert [r["id"] for r in log.read(0, 10, max_bytes=250)] == [0, 1]
     assert [r["id"] for r in log.read(4, 10, max_bytes=10)] == [4]
     assert len(log.read(0, 10)) == 5
