@@ -56,7 +56,7 @@ class AsyncNode(Node):
         log.info("[start] %s %s serving on %s (event loop)", self.role, self.node_id, self.address)
         tasks: set[asyncio.Task] = set()
         while not self._stop.is_set():
-            if self.registration is not None and not self.registration.alive():
+            if self.registration is not None and not self.serves_without_lease and not self.registration.alive():
                 self.counters["lease_lost"] += 1
                 await asyncio.sleep(0.1)  # past our own lease deadline: take no work
                 continue

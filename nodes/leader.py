@@ -33,6 +33,9 @@ class Election:
         self.node_id = node_id
         self.ttl = ttl
         self.lease = None
+        # A lease let go of while etcd was away: revoked before the next campaign, so
+        # that this node's own old key does not hold the election up for its TTL.
+        self._unrevoked = None
         self.epoch = 0
         self.deadline = 0.0
         self._stop = threading.Event()
@@ -40,6 +43,14 @@ class Election:
 
     def campaign(self) -> bool:
         """One attempt; True if this node is now the leader."""
+        if self._unrevoked is not None:
+            try:
+                self._unrevoked.revoke()
+            except Exception as e:
+                if "lease not found" not in str(e):
+                    raise  # etcd still away (its client says so in several ways): kept for the next try
+                # expired already: nothing to let go of
+            self._unrevoked = None
         t = time.monotonic()
         lease = self.client.lease(self.ttl)
         ok, _ = self.client.transaction(
@@ -105,8 +116,8 @@ class Election:
         if lease is not None:
             try:
                 lease.revoke()
-            except Exception:
-                pass  # expired already, or etcd unreachable: it expires on its own
+            except Exception:  # expired already, or etcd unreachable: revoked before the next campaign
+                self._unrevoked = lease
 
     def resign(self) -> None:
         self._stop.set()

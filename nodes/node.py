@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 class Node:
     role = "node"
+    # Past its own lease deadline (etcd away, or this node cut off from it) a node takes
+    # no requests: the cluster may already count it gone and have given its work to
+    # others. A role whose every effect is safe to repeat anyway serves on.
+    serves_without_lease = False
 
     def __init__(self, node_id: str, bind: str = "tcp://127.0.0.1:0", etcd: str | None = None,
                  cluster: str = "default", advertise: str | None = None, model: str = "",
@@ -183,7 +187,7 @@ class Node:
     def serve_forever(self) -> None:
         log.info("[start] %s %s serving on %s", self.role, self.node_id, self.address)
         while not self._stop.is_set():
-            if self.registration is not None and not self.registration.alive():
+            if self.registration is not None and not self.serves_without_lease and not self.registration.alive():
                 self.counters["lease_lost"] += 1
                 time.sleep(0.1)  # past our own lease deadline: take no work
                 continue

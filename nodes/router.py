@@ -32,10 +32,17 @@ from shoal.transport.rpc import DEFAULT_TIMEOUT_S, RemoteError
 log = logging.getLogger(__name__)
 
 DONE_POLL_S = 0.02  # how often a read that found every result stored asks whether the job is done
+# How long a read waits for the scheduler's word on whether its job is over (an answer
+# from memory); past it the read is served from storage, not over.
+STATUS_TIMEOUT_S = min(DEFAULT_TIMEOUT_S, 2.0)
 
 
 class RouterNode(AsyncNode):
     role = "router"
+    # The router holds no work: it forwards each request to the node that answers it
+    # (which refuses what it may not do), so clients keep reading results through an
+    # etcd outage.
+    serves_without_lease = True
 
     def __init__(self, node_id: str, data_dir: str | Path, etcd: str, cluster: str = "default",
                  data_roots: list[str] | None = None, http_port: int = 0, http_host: str = "127.0.0.1", **kw):
@@ -184,10 +191,22 @@ class RouterNode(AsyncNode):
     async def on_cancel(self, msg: Message):
         return encode("JobStatus", (await self._forward(await self._scheduler(), msg)).fields, reply_to=msg.id)
 
+    async def _over(self, job_id: str) -> bool:
+        """Whether the scheduler says the job is over. One that does not answer soon (etcd
+        away, a takeover under way) leaves it not over: the results stored are served
+        all the same, and only the end waits for the scheduler."""
+        try:
+            status = await self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": job_id}),
+                                         timeout=STATUS_TIMEOUT_S)
+        except ProtocolError as e:
+            if e.code != ProtocolError.UNAVAILABLE:
+                raise
+            return False
+        return status["state"] in ("done", "cancelled")
+
     async def on_subscribe(self, msg: Message):
         # Status first: if the job is done then, every result was stored before this read.
-        status = await self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": msg["job_id"]}))
-        over = status["state"] in ("done", "cancelled")
+        over = await self._over(msg["job_id"])
         # A read that may wait on storage (`wait_ms`) is given that long beyond the usual
         # timeout; a finished job's read has nothing to wait for.
         wait_s = 0.0 if over else min(max(msg["wait_ms"], 0) / 1000, MAX_WAIT_S)
@@ -207,8 +226,7 @@ class RouterNode(AsyncNode):
         end = asyncio.get_running_loop().time() + seconds
         while asyncio.get_running_loop().time() < end:
             await asyncio.sleep(DONE_POLL_S)
-            status = await self._forward(await self._scheduler(), Message("JobStatusQuery", {"job_id": job_id}))
-            if status["state"] in ("done", "cancelled"):
+            if await self._over(job_id):
                 return True
         return False
 

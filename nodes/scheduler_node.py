@@ -30,7 +30,7 @@ from shoal.nodes.command_dispatch import CommandDispatch
 from shoal.nodes.latency_histogram import LatencyHistogram
 from shoal.nodes.leader import Election
 from shoal.nodes.address_book import AddressBook
-from shoal.nodes.membership import MemberView
+from shoal.nodes.membership import ETCD_RETRY_S, MemberView
 from shoal.nodes.node import Node, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.transport.outbox import Outbox, Request
 from shoal.program import ProgramError, check_program_name
@@ -102,16 +102,16 @@ class SchedulerNode(Node):
     def _campaign(self) -> None:
         """Campaign, lead until the lease is lost (e.g. this process was frozen), step
         down, and campaign again: a node that loses leadership rejoins as a standby."""
-        pause = 0.5
+        pause = 0.25
         while not self._stop.is_set():
             try:
                 if not self.election.wait_for_leadership():
                     return
-                pause = 0.5
-            except Exception as e:  # etcd away: keep campaigning, with capped backoff
+                pause = 0.25
+            except Exception as e:  # etcd away: keep campaigning, at least once a second (its return is seen at once)
                 log.warning("[leader] %s cannot campaign (%s); retrying in %.1f s", self.node_id, e, pause)
                 time.sleep(pause)
-                pause = min(pause * 2, 5.0)
+                pause = min(pause * 2, ETCD_RETRY_S)
                 continue
             while self.election.is_leader() and not self._stop.is_set():
                 time.sleep(0.1)

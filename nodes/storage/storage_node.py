@@ -75,6 +75,10 @@ class _NoResults:
 
 class StorageNode(Node):
     role = "storage"
+    # Results and checkpoints are first-writer-wins by id and the job log is fenced by
+    # the leader's epoch, so storage takes writes and serves reads through an etcd
+    # outage: the workers' finished results land meanwhile, and readers keep reading.
+    serves_without_lease = True
 
     def __init__(self, node_id: str, data_dir: str | Path, max_item_bytes: int = MAX_ITEM_BYTES,
                  data_roots: list[str] | None = None, reserve_bytes: int = DEFAULT_RESERVE_BYTES, **kw):
