@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from shoal.protocol.errors import ShoalError
+from shoal.seen_ids import SeenIds
 
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -99,7 +100,7 @@ class ItemChecker:
         self.vocab_size = vocab_size  # where known (the CLI): token ids past it are refused
         self.max_item_bytes = max_item_bytes
         self.max_context = max_context
-        self.seen: dict = {}
+        self.seen = SeenIds()  # id -> its first line, in little memory (a million ids: ~125 KB)
         from shoal.program import built_in_item_check  # loads the built-in programs: only when checking
 
         self.item_check = built_in_item_check(program)  # None for a program without one
@@ -127,10 +128,10 @@ class ItemChecker:
         if not isinstance(rid, (str, int)) or isinstance(rid, bool):
             raise InputError(f"{where}: id must be a string or an integer, got {rid!r}")
         if rid in self.seen:
-            raise InputError(f"{where}: duplicate id {rid!r} (first on line {self.seen[rid]})")
+            raise InputError(f"{where}: duplicate id {rid!r} (first on line {self.seen.place(rid)})")
 
     def _take_id(self, rec: dict, place: int) -> None:
-        self.seen[rec["id"]] = place
+        self.seen.add(rec["id"], place)
 
     def _check_resolved(self, rec: dict, where: str, mt: int | None, prompt_tokens: int) -> None:
         """The settings the item will run with (the job's under its own, where the job's

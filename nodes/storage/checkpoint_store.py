@@ -13,21 +13,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 
 from shoal.nodes.storage.append_log import AppendLog
+from shoal.seen_ids import item_key
 from shoal.protocol.coroutine_state import progress
 
 
 class CheckpointStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.latest: dict[bytes, dict] = {}  # orjson(seq id) -> state
+        self.latest: dict = {}  # item_key(seq id) -> state
         # The file appears with the first checkpoint: a job read but never checkpointed leaves none.
-        self.log = AppendLog(self.path, lambda _, entry: self._keep(orjson.dumps(entry["id"]), entry["state"]),
+        self.log = AppendLog(self.path, lambda _, entry: self._keep(item_key(entry["id"]), entry["state"]),
                              create=False)
 
-    def _keep(self, key: bytes, state: dict) -> bool:
+    def _keep(self, key, state: dict) -> bool:
         old = self.latest.get(key)
         if old is not None and progress(state) <= progress(old):
             return False
@@ -40,18 +40,18 @@ class CheckpointStore:
         many were kept. Durable after commit()."""
         kept = 0
         for entry in entries:
-            if finished(entry["id"]) or not self._keep(orjson.dumps(entry["id"]), entry["state"]):
+            if finished(entry["id"]) or not self._keep(item_key(entry["id"]), entry["state"]):
                 continue
             self.log.append({"id": entry["id"], "state": entry["state"]})
             kept += 1
         return kept
 
     def get(self, seq_id) -> dict | None:
-        return self.latest.get(orjson.dumps(seq_id))
+        return self.latest.get(item_key(seq_id))
 
     def forget(self, seq_id) -> None:
         """The sequence has its result: its checkpoint is of no more use."""
-        self.latest.pop(orjson.dumps(seq_id), None)
+        self.latest.pop(item_key(seq_id), None)
 
     def commit(self) -> None:
         """Durable on disk. A full disk drops the appended lines (the error is raised)

@@ -15,16 +15,21 @@ from pathlib import Path
 
 import orjson
 
-from shoal.nodes.storage.result_log import parse_within
+from shoal.nodes.storage.result_log import STRIDE, read_sparse
 
-STRIDE = 1024
 
 
 class FinishedResults:
-    def __init__(self, wal: str | Path):
+    def __init__(self, wal: str | Path, log=None):
+        """From the finished job's `ResultLog` when this process ran it (its offsets
+        and counts, nothing read); else by one streaming pass over the log."""
         self.path = Path(wal)
         self.sparse: list[int] = []  # byte offset of records 0, STRIDE, 2 * STRIDE, ...
         self.count = self.failed = 0
+        if log is not None:
+            self.sparse = log.sparse[: (len(log) + STRIDE - 1) // STRIDE]
+            self.count, self.failed = len(log), log.failed
+            return
         with open(self.path, "rb") as fh:  # streamed: never the whole log in memory
             offset = 0
             for line in fh:
@@ -50,13 +55,7 @@ class FinishedResults:
     def read(self, offset: int, limit: int, max_bytes: int | None = None) -> list[dict]:
         """Records [offset, offset + limit) in log order; fewer if their lines pass
         `max_bytes` (at least one)."""
-        if offset >= self.count or limit <= 0:
-            return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self.sparse[offset // STRIDE])
-            for _ in range(offset % STRIDE):
-                fh.readline()
-            return parse_within((fh.readline() for _ in range(min(limit, self.count - offset))), max_bytes)
+        return read_sparse(self.path, self.sparse, self.count, offset, limit, max_bytes)
 
     def commit(self) -> None:
         pass

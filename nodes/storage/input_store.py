@@ -25,6 +25,8 @@ import orjson
 
 from shoal.generate_input import MAX_ITEM_BYTES, InputError, ItemChecker, parse_jsonl, read_records
 
+STRIDE = 1024  # one line offset kept per this many items: pages are read in order, so the skip is rare
+
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -53,7 +55,7 @@ class InputStore:
     def __init__(self, root: str | Path, max_item_bytes: int = MAX_ITEM_BYTES):
         self.root = Path(root)
         self.max_item_bytes = max_item_bytes
-        self._offsets: dict[str, list[int]] = {}  # job -> byte offset of each item line
+        self._offsets: dict[str, list[int]] = {}  # job -> byte offset of every STRIDE-th item line
         self._totals: dict[str, int] = {}
 
     # -- uploads -------------------------------------------------------------------------------
@@ -148,17 +150,21 @@ class InputStore:
         if total is None:
             raise InputError(f"job {job_id} has no stored input")
         path = self.root / "jobs" / job_id / "input.jsonl"
-        if job_id not in self._offsets:
-            data, offs, pos = path.read_bytes(), [], 0
-            while pos < len(data):
-                offs.append(pos)
-                pos = data.index(b"\n", pos) + 1
-            self._offsets[job_id] = offs
-        offs = self._offsets[job_id]
+        if job_id not in self._offsets:  # one streaming pass: never the whole file in memory
+            sparse, at = [], 0
+            with open(path, "rb") as fh:
+                for k, line in enumerate(fh):
+                    if k % STRIDE == 0:
+                        sparse.append(at)
+                    at += len(line)
+            self._offsets[job_id] = sparse
+        sparse = self._offsets[job_id]
         out, size, pos = [], 0, offset
         with open(path, "rb") as fh:
-            if pos < total:
-                fh.seek(offs[pos])
+            if pos < total:  # the nearest kept offset, then the lines up to `offset`
+                fh.seek(sparse[pos // STRIDE])
+                for _ in range(pos % STRIDE):
+                    fh.readline()
             while pos < total and len(out) < limit and pos - offset < scan:
                 line = fh.readline()
                 item = orjson.loads(line)

@@ -50,3 +50,42 @@ def compact(wal: str | Path) -> dict[str, str]:
             raise
         log.warning("[compact] %s: no Parquet shard (%s)", wal.parent.name, e)
     return written
+
+
+DISK_EXIT = 3  # the child's exit status when the disk refused a write
+
+
+def compact_in_child(wal: str | Path) -> dict[str, str]:
+    """`compact` in a process of its own: Parquet's writer (pyarrow, ~50 MB once imported)
+    and what it allocates go when the child exits, so a storage node's memory is back to
+    its idle size after a job; and a million records' conversion does not hold the GIL the
+    node's loop needs. Raises OSError if the disk had no room (the caller tries again)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-P", "-m", "shoal.nodes.storage.result_compaction", str(wal)],
+                          capture_output=True)
+    why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+    if done.returncode == DISK_EXIT:
+        raise OSError(why[0])
+    if done.returncode != 0:
+        raise RuntimeError(f"compacting {wal} failed: {why[0]}")
+    return orjson.loads(done.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    (wal,) = argv if argv is not None else sys.argv[1:]
+    try:
+        written = compact(wal)
+    except OSError as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return DISK_EXIT
+    sys.stdout.buffer.write(orjson.dumps(written))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    raise SystemExit(main())

@@ -15,6 +15,10 @@ from pathlib import Path
 import orjson
 
 from shoal.nodes.storage.append_log import AppendLog
+from shoal.seen_ids import SeenIds
+
+
+STRIDE = 1024  # one byte offset kept per this many records: a read seeks to the nearest and skips the rest
 
 
 def parse_within(lines, max_bytes: int | None) -> list[dict]:
@@ -28,40 +32,59 @@ def parse_within(lines, max_bytes: int | None) -> list[dict]:
     return out
 
 
+def read_sparse(path: Path, sparse: list[int], count: int, offset: int, limit: int,
+                max_bytes: int | None) -> list[dict]:
+    """Records [offset, offset + limit) of the first `count` in the log at `path`, whose
+    `sparse` offsets are those of records 0, STRIDE, 2 * STRIDE, ...; fewer if their
+    lines pass `max_bytes` (at least one)."""
+    if offset >= count or limit <= 0:
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(sparse[offset // STRIDE])
+        for _ in range(offset % STRIDE):
+            fh.readline()
+        return parse_within((fh.readline() for _ in range(min(limit, count - offset))), max_bytes)
+
+
 class ResultLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.offsets: list[int] = []  # byte offset of each record, in log order
-        self.ids: set[bytes] = set()
+        # What a running job keeps per item is a bit (`seen_ids.py`, for ids numbered
+        # 0, 1, 2, ...): the byte offset of every STRIDE-th record and the ids with a result.
+        self.sparse: list[int] = []
+        self.ids = SeenIds()
+        self.count = 0  # records appended, committed or not
         self.failed = 0  # committed records whose finish_reason is "error"
-        self._pending: list[tuple[bytes, bool]] = []  # (id, failed) of records appended since the last commit
+        self._pending: list[tuple] = []  # (id, failed) of records appended since the last commit
         self.log = AppendLog(self.path, self._recovered)
-        self.durable = len(self.offsets)
+        self.durable = self.count
 
     def _recovered(self, offset: int, rec: dict) -> None:
-        key = orjson.dumps(rec["id"])
-        self.offsets.append(offset)
-        self.ids.add(key)
+        self._add(offset, rec["id"])
         self.failed += rec.get("finish_reason") == "error"
+
+    def _add(self, offset: int, item_id) -> None:
+        if self.count % STRIDE == 0:
+            self.sparse.append(offset)
+        self.count += 1
+        self.ids.add(item_id)
 
     def __len__(self) -> int:
         return self.durable
 
     def __contains__(self, item_id) -> bool:
         """Whether the item with this id has its result here (or in the commit under way)."""
-        return orjson.dumps(item_id) in self.ids
+        return item_id in self.ids
 
     def append(self, records: list[dict]) -> tuple[int, int]:
         """Buffers new records; returns (written, duplicates). Durable after commit()."""
         written = dup = 0
         for rec in records:
-            key = orjson.dumps(rec["id"])
-            if key in self.ids:
+            if rec["id"] in self.ids:
                 dup += 1
                 continue
-            self.offsets.append(self.log.append(rec))
-            self.ids.add(key)
-            self._pending.append((key, rec.get("finish_reason") == "error"))
+            self._add(self.log.append(rec), rec["id"])
+            self._pending.append((rec["id"], rec.get("finish_reason") == "error"))
             written += 1
         return written, dup
 
@@ -74,25 +97,20 @@ class ResultLog:
         try:
             self.log.commit()
         except OSError:
-            for key, _ in self._pending:
-                self.ids.discard(key)
-            del self.offsets[self.durable:]
+            for item_id, _ in self._pending:
+                self.ids.discard(item_id)
+            self.count = self.durable
+            del self.sparse[(self.durable + STRIDE - 1) // STRIDE:]
             self._pending.clear()
             raise
         self.failed += sum(f for _, f in self._pending)
         self._pending.clear()
-        self.durable = len(self.offsets)
+        self.durable = self.count
 
     def read(self, offset: int, limit: int, max_bytes: int | None = None) -> list[dict]:
         """Committed records [offset, offset + limit) in log order; fewer if their lines
         pass `max_bytes` (at least one)."""
-        with open(self.path, "rb") as fh:
-            def lines():
-                for start in self.offsets[offset : min(offset + limit, self.durable)]:
-                    fh.seek(start)
-                    yield fh.readline()
-
-            return parse_within(lines(), max_bytes)
+        return read_sparse(self.path, self.sparse, self.durable, offset, limit, max_bytes)
 
     def close(self) -> None:
         self.log.close()

@@ -35,7 +35,7 @@ from shoal.nodes.storage.input_store import InputStore, check_name
 from shoal.nodes.storage.job_log import JobLog, StaleEpoch
 from shoal.nodes.storage.parked_reads import MAX_WAIT_S, ParkedRead, ParkedReads
 from shoal.nodes.node import Node, add_data_root_arg, data_roots_of, lasting_node_id, node_arg_parser, parse_node_args, run_node, start_logging
-from shoal.nodes.storage.result_compaction import compact
+from shoal.nodes.storage.result_compaction import compact_in_child
 from shoal.nodes.storage.finished_results import FinishedResults
 from shoal.nodes.storage.result_log import ResultLog
 from shoal.protocol.codec import MAX_HEADER_BYTES, Message, encode
@@ -185,6 +185,8 @@ class StorageNode(Node):
         except InputError as e:
             raise ProtocolError(ProtocolError.BAD_INPUT, str(e)) from None
         log.info("[input] %s: %d items stored", msg["job_id"], total)
+        if msg["upload_id"] or input_path:  # a large input passed through: what it took goes back
+            give_back_memory()
         return encode("InputReady", {"job_id": msg["job_id"], "total": total}, reply_to=msg.id)
 
     def on_read_input(self, msg: Message):
@@ -359,7 +361,8 @@ class StorageNode(Node):
                 if store is not None:  # every sequence has its result: no restart can need them
                     store.close()
                     store.path.unlink(missing_ok=True)
-                t = threading.Thread(target=self._compact, args=(job_id, rl.path), name=f"compact-{job_id}", daemon=True)
+                t = threading.Thread(target=self._compact, args=(job_id, rl.path, rl), name=f"compact-{job_id}",
+                                     daemon=True)
                 t.start()
                 self._compactions.append(t)
 
@@ -379,21 +382,20 @@ class StorageNode(Node):
             t.start()
             self._compactions.append(t)
 
-    def _compact(self, job_id: str, wal: Path) -> None:
+    def _compact(self, job_id: str, wal: Path, rl: ResultLog | None = None) -> None:
         try:
-            written = compact(wal)
+            written = compact_in_child(wal)
         except OSError as e:  # a full disk: the job is finished all the same, its results read from the log
             log.warning("[compact] %s: no shards yet (%s); trying again once there is room", job_id, e)
             written = None
             with self._finished_lock:
                 self._unsharded[job_id] = time.monotonic()
-        try:  # what Parquet's writer pooled goes back too
-            import pyarrow
-
-            pyarrow.default_memory_pool().release_unused()
-        except ImportError:
-            pass
-        view = FinishedResults(wal)  # built here, off the loop; swapped in by the loop
+        except Exception as e:  # noqa: BLE001 - a bug or a bad record: the results stand in the log all the same
+            log.error("[compact] %s: no shards (%s)", job_id, e)
+            written = None
+        # Built here, off the loop (a log whose job ran in this process lends its offsets);
+        # swapped in by the loop.
+        view = FinishedResults(wal, rl if isinstance(rl, ResultLog) else None)
         with self._finished_lock:
             self._finished[job_id] = view
         if written is not None:

@@ -193,8 +193,8 @@ def test_chunked_input_paged_reads_and_compacted_shards(tmp_path):
         assert not (tmp_path / "st" / "jobs" / "jb" / "results.parquet").exists()
         c.request("WriteResults", {"job_id": "jb", "records": [{"id": it["id"], "text": "r"} for it in items[199:]]})
         shard = tmp_path / "st" / "jobs" / "jb" / "results.parquet"
-        for _ in range(100):
-            if shard.exists():
+        for _ in range(200):  # compacted in a process of its own: done once storage counts it
+            if c.request("StatsQuery")["stats"]["counters"].get("jobs.compacted"):
                 break
             threading.Event().wait(0.1)
         table = pq.read_table(shard)

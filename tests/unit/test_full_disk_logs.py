@@ -21,27 +21,29 @@ pytestmark = [pytest.mark.mounts, pytest.mark.timeout(60)]
 def test_a_refused_commit_is_rolled_back_and_the_resent_records_taken(tmp_path):
     with SmallDisk(tmp_path / "disk", 1 << 20) as disk:
         log = ResultLog(disk.path / "r.wal")
-        log.append([{"id": i, "text": "x" * 50} for i in range(10)])
+        log.append([{"id": i, "text": "x" * 50} for i in range(1000)])  # the refused ones cross a kept offset (1024)
         log.commit()
         committed = log.path.stat().st_size
         disk.fill(leave=0)
-        late = [{"id": i, "text": "y" * 3000, **({"finish_reason": "error"} if i == 12 else {})} for i in range(8, 20)]
-        assert log.append(late) == (10, 2)  # ids 8 and 9 are duplicates of committed ones
+        late = [{"id": i, "text": "y" * 3000, **({"finish_reason": "error"} if i == 1012 else {})}
+                for i in range(998, 1100)]
+        assert log.append(late) == (100, 2)  # ids 998 and 999 are duplicates of committed ones
         with pytest.raises(OSError) as e:
             log.commit()
         assert e.value.errno == errno.ENOSPC
-        assert len(log) == 10 and log.failed == 0 and 15 not in log and 9 in log
+        assert len(log) == 1000 and log.failed == 0 and 1015 not in log and 999 in log
         assert log.path.stat().st_size == committed  # cut back: no torn tail holds the space
-        assert [r["id"] for r in log.read(0, 100)] == list(range(10))
+        assert [r["id"] for r in log.read(0, 2000)] == list(range(1000))
 
         disk.free_up()
-        assert log.append(late) == (10, 2)  # the refused ids are free again: taken, not duplicates
+        assert log.append(late) == (100, 2)  # the refused ids are free again: taken, not duplicates
         log.commit()
-        assert len(log) == 20 and log.failed == 1
+        assert len(log) == 1100 and log.failed == 1
+        assert [r["id"] for r in log.read(1020, 10)] == list(range(1020, 1030))  # past the kept offset
         log.close()
         again = ResultLog(log.path)
-        recs = again.read(0, 100)
-        assert [r["id"] for r in recs] == list(range(20)) and recs[15]["text"] == "y" * 3000
+        recs = again.read(0, 2000)
+        assert [r["id"] for r in recs] == list(range(1100)) and recs[1015]["text"] == "y" * 3000
         again.close()
 
 

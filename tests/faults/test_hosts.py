@@ -1,0 +1,104 @@
+"""Three hosts (network namespaces on a bridge) started from one cluster file by
+`cluster-up` each, with CURVE keys and shaped links: a head (router, scheduler,
+storage) and two worker hosts. A generation job runs across them whole; then one with
+the link to a worker host cut mid-job and healed; then one with a whole worker host's
+processes killed mid-job. Each time: every item exactly once, the same output as the
+engine alone (the shared comparator)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from job_check import PARAMS, check_whole, wait_for_progress, workload
+from netns_hosts import NetnsHosts
+
+import shoal
+from shoal.cluster.etcd_server import EtcdServer
+
+HEAD, WORKER_A, WORKER_B = 1, 2, 3
+
+
+def cluster_file(tmp_path, net: NetnsHosts, etcd: str, model) -> str:
+    path = tmp_path / "cluster.toml"
+    path.write_text(f'''
+cluster = "hosts"
+etcd = ["{etcd}"]
+model = "{model}"
+state_dir = "{tmp_path / 'state'}"
+
+[[hosts]]
+name = "head"
+address = "{net.address(HEAD)}"
+roles = ["router", "scheduler", "storage"]
+
+[[hosts]]
+name = "wa"
+address = "{net.address(WORKER_A)}"
+roles = ["worker"]
+
+[[hosts]]
+name = "wb"
+address = "{net.address(WORKER_B)}"
+roles = ["worker"]
+''')
+    return str(path)
+
+
+def on_host(net: NetnsHosts, k: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*net.prefix(k), sys.executable, "-m", "shoal.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def kill_host(tmp_path, name: str) -> int:
+    """SIGKILL to every process a host's cluster-up started: the host is gone."""
+    pids = json.loads((tmp_path / "state" / name / "pids.json").read_text())["pids"]
+    for pid in pids:
+        try:
+            import os
+
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(600)
+def test_three_hosts_over_shaped_links_a_cut_and_a_lost_host(tiny_model, tmp_path):
+    hosts = {HEAD: "head", WORKER_A: "wa", WORKER_B: "wb"}
+    with NetnsHosts(3) as net, EtcdServer(tmp_path / "etcd", host=net.gateway) as etcd:
+        shaped = [net.shape(k, rate_mbit=100, delay_ms=2, loss_pct=0.1) for k in hosts]
+        path = cluster_file(tmp_path, net, etcd.endpoint, tiny_model)
+        try:
+            for k, name in hosts.items():  # the head first: its cluster-up makes the CURVE keys
+                up = on_host(net, k, "cluster-up", "--file", path, "--host", name)
+                assert up.returncode == 0, up.stderr[-2000:]
+                assert net.address(k) in up.stdout
+            router = (tmp_path / "state" / "head" / "router.txt").read_text().strip()
+            client = shoal.Client(router, curve_keys=str(tmp_path / "state" / "keys"), reply_timeout=5)
+
+            items = workload(60)
+            whole = client.submit(items, params=PARAMS.to_dict(), job_key="across-hosts").wait(timeout=300)
+            check_whole(tiny_model, items, whole)
+
+            cut = client.submit(items, params=PARAMS.to_dict(), job_key="link-cut")
+            wait_for_progress(cut, 3)
+            net.cut(WORKER_A)
+            time.sleep(8)  # past the 3 s lease: its work goes to the other host
+            net.heal(WORKER_A)
+            check_whole(tiny_model, items, cut.wait(timeout=300))
+
+            lost = client.submit(items, params=PARAMS.to_dict(), job_key="host-lost")
+            wait_for_progress(lost, 3)
+            assert kill_host(tmp_path, "wb") == 1
+            check_whole(tiny_model, items, lost.wait(timeout=300))
+            client.close()
+        finally:
+            for k, name in hosts.items():
+                on_host(net, k, "cluster-down", "--file", path, "--host", name)
+        print(f"links: {shaped[0]}")
