@@ -8,6 +8,7 @@ engine alone (the shared comparator)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from netns_hosts import NetnsHosts
 
 import shoal
 from shoal.cluster.etcd_server import EtcdServer
+from shoal.transport.rpc import RpcClient
 
 HEAD, WORKER_A, WORKER_B = 1, 2, 3
 
@@ -59,8 +61,6 @@ def kill_host(tmp_path, name: str) -> int:
     pids = json.loads((tmp_path / "state" / name / "pids.json").read_text())["pids"]
     for pid in pids:
         try:
-            import os
-
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
@@ -85,6 +85,12 @@ def test_three_hosts_over_shaped_links_a_cut_and_a_lost_host(tiny_model, tmp_pat
             items = workload(60)
             whole = client.submit(items, params=PARAMS.to_dict(), job_key="across-hosts").wait(timeout=300)
             check_whole(tiny_model, items, whole)
+            keys = str(tmp_path / "state" / "keys")
+            for name in ("wa", "wb"):  # both worker hosts took part, over their shaped links
+                address = json.loads((tmp_path / "state" / name / "pids.json").read_text())["addresses"][f"worker-{name}-0"]
+                rpc = RpcClient(address, curve_keys=keys)
+                assert rpc.request("StatsQuery", timeout=10)["stats"]["counters"]["sequences.assigned"] > 0, name
+                rpc.close()
 
             cut = client.submit(items, params=PARAMS.to_dict(), job_key="link-cut")
             wait_for_progress(cut, 3)
