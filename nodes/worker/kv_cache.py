@@ -18,6 +18,10 @@ def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
     return 2 * cfg.num_layers * cfg.kv_size * torch.finfo(dtype).bits // 8
 
 
+# Spans up to this many tokens get their slots computed in Python (a short prompt's prefill, a
+# chunk's tail): five tensor ops on a handful of positions cost more than the list.
+SHORT_SPAN = 64
+
 class KVCache:
     def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  prefault_bytes: int = 0, device: torch.device | str = "cpu"):
@@ -53,6 +57,8 @@ class KVCache:
         """Cache slots of token positions [start, end) of a sequence, as a host tensor (a
         step's inputs travel to the device together: `model_runner.stage`)."""
         bs = self.block_size
+        if end - start <= SHORT_SPAN:  # one small tensor from a list: a fifth of the tensor ops' overhead
+            return torch.tensor([block_table[p // bs] * bs + p % bs for p in range(start, end)], dtype=torch.long)
         table = torch.tensor(block_table, dtype=torch.long)
         pos = torch.arange(start, end)
         return table[pos // bs] * bs + pos % bs
