@@ -50,6 +50,57 @@ def loopback_send_s(blob: bytes, chunk: int = 4 << 20) -> float:
     return took
 
 
+def source_and_target(model: str, dtype: str):
+    """Two engines of `model` (made with the `small` preset if missing) standing for the
+    source and the target worker; the source's calibration; the moved sequences' settings."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.sampling import SamplingParams
+
+    if not Path(model, "config.json").exists():
+        from shoal.nodes.worker.models.make_model import make_model
+
+        make_model(model, preset="small", dtype="bfloat16")
+    src = LLMEngine(model, EngineConfig(dtype=dtype, policy="ebplus"))
+    dst = LLMEngine(model, EngineConfig(dtype=dtype, policy="mb"))
+    cost = src.cost_model
+    print(f"model {model} ({dtype}); calibration: "
+          + (f"α_p {cost.alpha_p * 1e3:.1f} ms, β_p {cost.beta_p * 1e6:.0f} µs/token" if cost else "none"))
+    return src, dst, cost, SamplingParams(max_tokens=64, ignore_eos=True)
+
+
+def measure_move(src, dst, L: int, params, repeats: int, send_blob, r, tag: str) -> tuple[list, list, list, int]:
+    """Moves of an L-token sequence from engine `src` to `dst`, `repeats` times each way:
+    shipped (export with KV, `send_blob(kv)` seconds, import, the target's next step) and
+    re-prefilled (export without KV, import, the next step prefilling L tokens again).
+    Returns the ship times, the send times, the re-prefill times and the KV's bytes."""
+    ship, send, redo, size = [], [], [], 0
+    for k in range(repeats):
+        for with_kv in (True, False):
+            sid = f"{tag}-{k}-{with_kv}"
+            src.add_request(sid, prompt_token_ids=[r.randrange(31999) for _ in range(L)], params=params)
+            while not src.seqs[sid].output_token_ids or len(src.seqs[sid].output_token_ids) < 4:
+                src.step()
+            t = time.perf_counter()
+            state = src.export_sequence(sid, remove=True)
+            if not with_kv:
+                state.kv, state.num_computed = None, 0
+            moved = time.perf_counter() - t
+            if with_kv:
+                size = len(state.kv)
+                s = send_blob(state.kv)
+                send.append(s)
+                moved += s
+            t = time.perf_counter()
+            dst.import_sequence(state)
+            before = len(dst.seqs[sid].output_token_ids)
+            while len(dst.seqs[sid].output_token_ids) == before:
+                dst.step()
+            moved += time.perf_counter() - t
+            (ship if with_kv else redo).append(moved)
+            dst.abort(sid)
+    return ship, send, redo, size
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".bench/model-small")
@@ -60,49 +111,14 @@ def main() -> None:
     import random
     import statistics
 
-    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-    from shoal.sampling import SamplingParams
     from shoal.scheduler.cost_model import CostModel
     from shoal.scheduler.kv_transfer import decide_kv
 
-    if not Path(args.model, "config.json").exists():
-        from shoal.nodes.worker.models.make_model import make_model
-
-        make_model(args.model, preset="small", dtype="bfloat16")
-    src = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="ebplus"))
-    dst = LLMEngine(args.model, EngineConfig(dtype=args.dtype, policy="mb"))
-    cost = src.cost_model
-    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    src, dst, cost, params = source_and_target(args.model, args.dtype)
     r = random.Random(0)
-    print(f"model {args.model} ({args.dtype}); calibration: "
-          + (f"α_p {cost.alpha_p * 1e3:.1f} ms, β_p {cost.beta_p * 1e6:.0f} µs/token" if cost else "none"))
     print(f"{'L':>6} {'KV MB':>7} {'ship ms':>9} {'(send)':>8} {'re-prefill ms':>14} {'ratio':>6}  rule says")
     for n, L in enumerate(int(x) for x in args.lengths.split(",")):
-        ship, send, redo, size = [], [], [], 0
-        for k in range(args.repeats):
-            for with_kv in (True, False):
-                sid = f"m{n}-{k}-{with_kv}"
-                src.add_request(sid, prompt_token_ids=[r.randrange(31999) for _ in range(L)], params=params)
-                while not src.seqs[sid].output_token_ids or len(src.seqs[sid].output_token_ids) < 4:
-                    src.step()
-                t = time.perf_counter()
-                state = src.export_sequence(sid, remove=True)
-                if not with_kv:
-                    state.kv, state.num_computed = None, 0
-                moved = time.perf_counter() - t
-                if with_kv:
-                    size = len(state.kv)
-                    s = loopback_send_s(state.kv)
-                    send.append(s)
-                    moved += s
-                t = time.perf_counter()
-                dst.import_sequence(state)
-                before = len(dst.seqs[sid].output_token_ids)
-                while len(dst.seqs[sid].output_token_ids) == before:
-                    dst.step()
-                moved += time.perf_counter() - t
-                (ship if with_kv else redo).append(moved)
-                dst.abort(sid)
+        ship, send, redo, size = measure_move(src, dst, L, params, args.repeats, loopback_send_s, r, f"m{n}")
         s_ms, r_ms = 1e3 * statistics.median(ship), 1e3 * statistics.median(redo)
         verdict = decide_kv(size, L, 2e9, cost).describe() if cost else "no calibration: ship"
         print(f"{L:>6} {size / 1e6:>7.1f} {s_ms:>9.1f} {1e3 * statistics.median(send):>8.1f} {r_ms:>14.1f} "
