@@ -3,6 +3,8 @@
     cluster = "prod"                 # etcd namespace: /shoal/<cluster>/
     etcd = ["10.0.0.1:2379"]         # endpoints of the cluster's etcd
     model = "/models/qwen3-8b"       # workers' model folder (same path on every host)
+    encoder = "/models/minilm"       # optional: a sentence-transformers folder the workers host
+                                     # too (Embed and Retrieve, embedding jobs; same path everywhere)
     state_dir = "/var/lib/shoal"     # per host: <state_dir>/<host name>/
     dtype = "bfloat16"               # optional, workers' dtype (default auto: the checkpoint's
                                      # where the device computes it natively, else float32)
@@ -73,6 +75,7 @@ class ClusterFile:
     data_roots: tuple[str, ...] = ()
     allow_programs: tuple[str, ...] = ()
     device: str = "auto"
+    encoder: str = ""
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -133,4 +136,5 @@ def load_cluster_file(path: str | Path) -> ClusterFile:
                        need(raw, "model", "the file"), Path(need(raw, "state_dir", "the file")),
                        raw.get("dtype", "auto"), tuple(hosts),
                        Path(raw["curve_keys"]) if raw.get("curve_keys") else None, bool(raw.get("insecure", False)),
-                       strings(raw, "data_roots"), strings(raw, "allow_programs"), device)
+                       strings(raw, "data_roots"), strings(raw, "allow_programs"), device,
+                       str(raw.get("encoder", "")))

@@ -36,13 +36,15 @@ def cluster_up(cf: ClusterFile, host_name: str) -> dict:
                 args = [*common, "--node-id", name]
                 if role in ("storage", "router"):
                     args += ["--dir", str(home / role)]
-                if role == "storage":
+                if role in ("storage", "router"):  # the router reads an index's manifest to place its shards
                     args += [f"--data-root={r}" for r in cf.data_roots]
                 if role == "worker":
                     # the host's workers share the memory the KV caches default to
                     args += ["--model", cf.model, "--dtype", cf.dtype, "--device", cf.device,
                              f"--kv-cache-share={DEFAULT_SHARE / count:.4g}"]
                     args += [f"--allow-programs={p}" for p in cf.allow_programs]
+                    if cf.encoder:
+                        args += ["--encoder", cf.encoder]
                 node_env = {**(env or {}), **envs[i]} if role == "worker" and envs[i] else env
                 proc, address = spawn_node(role, name, args, home / "logs", node_env,
                                            beside_workers="worker" in host.roles)
