@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from shoal.nodes.worker.grammar_cache import GrammarCache
 from shoal.nodes.worker.host_kv_pool import HostKVPool
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
+from shoal.nodes.worker.models.row_buckets import rows_pad_free
 from shoal.nodes.worker.sampler import sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
@@ -63,7 +63,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.cache, setup.ops, sdpa_prefill_work=config.sdpa_prefill_work,
                                   graphs=setup.graphs)
         self.clock = StepClock(self.device)
-        self.model.pad_rows = config.pad_rows if config.pad_rows is not None else self._rows_pad_free()
+        self.model.pad_rows = config.pad_rows if config.pad_rows is not None else (
+            self.packed_linears > 0 and rows_pad_free(config.dtype))
         if self.model.pad_rows and setup.ops is not None:
             log.info("[matmul] step rows rounded up to a few sizes (oneDNN compiles each size once; free on AMX)")
         if self.runner.sdpa_prefill_work:
@@ -230,15 +231,6 @@ class LLMEngine:
         self._forget_host_kv(seq)
         seq.block_table = []
         seq.status = SeqStatus.FINISHED
-
-    def _rows_pad_free(self) -> bool:
-        """Whether padding a step's rows costs nothing here (`models/row_buckets.py`):
-        packed bf16 linears on a CPU whose oneDNN multiplies them in AMX tiles."""
-        from shoal.nodes.worker.dtype_choice import cpu_flags
-
-        cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # a cap below AMX leaves its kernels out
-        return (self.packed_linears > 0 and self.config.dtype == "bfloat16" and "amx_bf16" in cpu_flags()
-                and (cap in ("ALL", "DEFAULT") or "AMX" in cap))
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting)

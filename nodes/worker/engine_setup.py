@@ -76,8 +76,11 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     packed = 0
     if config.packed_linears and not device.is_gpu:  # oneDNN's blocked layout is a CPU layout
         from shoal.nodes.worker.models.packed_linear import pack_linears
+        from shoal.nodes.worker.models.row_buckets import rows_pad_free
 
-        packed = pack_linears(model, skip=tuple(model.layers[i] for i in streamer.streamed) if streamer else ())
+        padded = config.pad_rows if config.pad_rows is not None else rows_pad_free(config.dtype)
+        packed = pack_linears(model, skip=tuple(model.layers[i] for i in streamer.streamed) if streamer else (),
+                              rows_padded=padded)
     ops, ops_reason = choose_ops(config.attention, torch.device(device.name), model.cfg.head_dim)
     log.info("[attention] %s: %s", ops.name if ops is not None else "sdpa", ops_reason)
     kv_dtype = parse_dtype(config.kv_cache_dtype)

@@ -14,6 +14,7 @@ other model keeps `nn.Linear` (and a GPU build plugs its own GEMMs in at this se
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
@@ -21,6 +22,24 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 PACKABLE = (torch.float32, torch.bfloat16)
+
+# oneDNN keeps every kernel it builds, one per (rows, in, out) shape, in two caches of
+# 1,024 entries by default (ideep's and oneDNN's own), a few hundred KB each. A step's
+# row count changes almost every step, so a worker grew for as long as new counts came:
+# +250 MiB over a job of 1M one-token items. 128 entries bound both at ~70 MB and cost
+# W1 nothing measurable (docs/performance.md). Padded rows (`row_buckets.py`) come in a
+# few hundred shapes that the default caches hold whole, so those keep the default.
+KERNEL_CACHE_ENTRIES = 128
+
+
+def bound_kernel_caches(rows_padded: bool) -> None:
+    """Caps oneDNN's kernel caches for unpadded rows. Both read their capacity from the
+    environment when the first kernel is built, so this runs before any; a capacity
+    the user set wins."""
+    if rows_padded:
+        return
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
 
 
 class PackedLinear(nn.Module):
@@ -52,11 +71,14 @@ def onednn_usable(dtype: torch.dtype) -> bool:
         return False
 
 
-def pack_linears(model: nn.Module, batch_hint: int = 128, skip: tuple[nn.Module, ...] = ()) -> int:
+def pack_linears(model: nn.Module, batch_hint: int = 128, skip: tuple[nn.Module, ...] = (),
+                 rows_padded: bool = False) -> int:
     """Replaces every CPU `nn.Linear` of `model` by a `PackedLinear`; returns how many.
     A tied output projection gets its own packed copy (the embedding keeps the weight).
-    Modules inside `skip` keep theirs (streamed layers: their weights are copied in)."""
+    Modules inside `skip` keep theirs (streamed layers: their weights are copied in).
+    `rows_padded`: whether the steps will pad their rows (the kernel caches' size)."""
     dtype = next(model.parameters()).dtype
+    bound_kernel_caches(rows_padded)
     if next(model.parameters()).device.type != "cpu" or not onednn_usable(dtype):
         return 0
     skipped = {id(m) for s in skip for m in s.modules()}

@@ -20,6 +20,8 @@ cache of 1,024 kernels at the 5-6 shapes of a decoder's linears.
 
 from __future__ import annotations
 
+import os
+
 TILE_ROWS = 16  # an AMX tile's rows
 SIZES_PER_DOUBLING = 16
 
@@ -30,3 +32,12 @@ def padded_rows(rows: int) -> int:
         return -(-rows // TILE_ROWS) * TILE_ROWS
     step = (1 << (rows.bit_length() - 1)) // SIZES_PER_DOUBLING
     return -(-rows // step) * step
+
+
+def rows_pad_free(dtype: str) -> bool:
+    """Whether padding a step's rows costs nothing here: packed bf16 linears on a CPU
+    whose oneDNN multiplies them in AMX tiles."""
+    from shoal.nodes.worker.dtype_choice import cpu_flags
+
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # a cap below AMX leaves its kernels out
+    return dtype == "bfloat16" and "amx_bf16" in cpu_flags() and (cap in ("ALL", "DEFAULT") or "AMX" in cap)
