@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from shoal.transport.async_rpc import AsyncRpcClient
+from shoal.nodes.process_memory import map_large_buffers_apart
 from shoal.nodes.async_node import AsyncNode
 from shoal.nodes.leader import LeaderView
 from shoal.nodes.address_book import AddressBook
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_node_args(ap, argv)
     node_id = args.node_id or f"router-{os.getpid()}"
     start_logging("router", node_id)
+    map_large_buffers_apart()
     node = RouterNode(node_id, args.dir, args.etcd, args.cluster, data_roots=data_roots_of(args), bind=args.bind,
                       advertise=args.advertise, http_port=args.http_port, http_host=args.http_host)
     return run_node(node, args.metrics_port, args.metrics_host)

@@ -84,6 +84,17 @@ def prompt_problem(prompt: str | None, ids: list | None, vocab_size: int | None 
     return None
 
 
+MAX_SETTINGS_KEPT = 1024  # distinct settings remembered as passed; past that, each is checked
+
+
+def settings_key(own: dict) -> bytes | None:
+    """Settings as canonical JSON (None where they are not JSON: checked every time)."""
+    try:
+        return orjson.dumps(own, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+
+
 class ItemChecker:
     """Checks records one by one, remembering ids to refuse duplicates. Items of the
     `generate` program are checked field by field; those of other programs need an id
@@ -101,6 +112,9 @@ class ItemChecker:
         self.max_item_bytes = max_item_bytes
         self.max_context = max_context
         self.seen = SeenIds()  # id -> its first line, in little memory (a million ids: ~125 KB)
+        # Settings that passed, by their JSON: a job's items repeat a few settings, and
+        # checking them through the request contract was most of a 1M-item ingest.
+        self.settings_passed: dict[bytes, tuple[dict, int | None]] = {}
         from shoal.program import built_in_item_check  # loads the built-in programs: only when checking
 
         self.item_check = built_in_item_check(program)  # None for a program without one
@@ -133,18 +147,31 @@ class ItemChecker:
     def _take_id(self, rec: dict, place: int) -> None:
         self.seen.add(rec["id"], place)
 
-    def _check_resolved(self, rec: dict, where: str, mt: int | None, prompt_tokens: int) -> None:
-        """The settings the item will run with (the job's under its own, where the job's
-        are known) and the model's context, through the request contract."""
+    def _check_settings(self, rec: dict, where: str, mt: int | None, prompt_tokens: int) -> dict:
+        """The item's own settings (max_tokens apart), checked alone and as the item will
+        run with them (the job's under its own, where the job's are known), then against
+        the model's context, through the request contract."""
+        from shoal.protocol.generation_settings import own_settings
         from shoal.request_settings import SettingsError, check_fits
 
-        try:
-            if self.job is not None:
-                mt = self.job.resolve(rec).sampling.max_tokens
-            if self.max_context and mt is not None:
-                check_fits(mt, prompt_tokens, self.max_context)
-        except SettingsError as e:
-            raise InputError(f"{where}: {e}") from None
+        key = settings_key(own_settings(rec))
+        passed = self.settings_passed.get(key) if key is not None else None
+        if passed is None:
+            own = check_item_settings(rec, where)
+            try:
+                run_mt = self.job.resolve(rec).sampling.max_tokens if self.job is not None else mt
+            except SettingsError as e:
+                raise InputError(f"{where}: {e}") from None
+            passed = (own, run_mt)
+            if key is not None and len(self.settings_passed) < MAX_SETTINGS_KEPT:
+                self.settings_passed[key] = passed
+        own, run_mt = passed
+        if self.max_context and run_mt is not None:
+            try:
+                check_fits(run_mt, prompt_tokens, self.max_context)
+            except SettingsError as e:
+                raise InputError(f"{where}: {e}") from None
+        return dict(own)
 
     def _check_size(self, rec, where: str) -> None:
         size = len(orjson.dumps(rec))
@@ -175,8 +202,7 @@ class ItemChecker:
         mt = rec.get("max_tokens")
         if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0):
             raise InputError(f"{where}: max_tokens must be a positive integer, got {mt!r}")
-        own = check_item_settings(rec, where)
-        self._check_resolved(rec, where, mt, len(ids or ()))
+        own = self._check_settings(rec, where, mt, len(ids or ()))
         item = GenerateItem(rid, prompt, ids, mt, own, messages)
         self._take_id(rec, place)
         return item

@@ -76,11 +76,16 @@ class InputStore:
         if indices != list(range(len(parts))):
             missing = sorted(set(range(max(indices) + 1)) - set(indices))
             raise InputError(f"upload {upload_id} is missing chunk {missing[0]}")
-        rest = b""
-        for p in parts:  # lines may span chunk boundaries
-            lines = (rest + p.read_bytes()).split(b"\n")
-            rest = lines.pop()
-            yield from lines
+        rest = b""  # a line may span chunks; read a line at a time, never a chunk's lines at once
+        for p in parts:
+            with open(p, "rb") as fh:
+                for line in fh:
+                    if rest:
+                        line, rest = rest + line, b""
+                    if line.endswith(b"\n"):
+                        yield line
+                    else:
+                        rest = line
         if rest:
             yield rest
 

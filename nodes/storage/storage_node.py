@@ -33,6 +33,7 @@ from shoal.nodes.storage.index_service import IndexService
 from shoal.nodes.storage.search_server import SearchServer
 from shoal.nodes.storage.input_store import InputStore, check_name
 from shoal.nodes.storage.job_log import JobLog, StaleEpoch
+from shoal.nodes.process_memory import give_back_memory, map_large_buffers_apart
 from shoal.nodes.storage.parked_reads import MAX_WAIT_S, ParkedRead, ParkedReads
 from shoal.nodes.node import Node, add_data_root_arg, data_roots_of, lasting_node_id, node_arg_parser, parse_node_args, run_node, start_logging
 from shoal.nodes.storage.result_compaction import compact_in_child
@@ -422,20 +423,6 @@ class StorageNode(Node):
                                 "resident_ids": sum(len(rl.ids) for rl in running)}}
 
 
-def give_back_memory() -> None:
-    """Freed per-item state goes back to the system, not only to Python's and glibc's
-    free lists (a storage node that held a million items' state would otherwise keep
-    the high-water mark for good)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = node_arg_parser("storage")
     ap.add_argument("--dir", required=True, help="the node's data directory")
@@ -451,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--max-item-bytes must be in [1, {MAX_HEADER_BYTES // 2}], got {args.max_item_bytes}")
     node_id = lasting_node_id(args.dir, "storage", args.node_id)
     start_logging("storage", node_id)
+    map_large_buffers_apart()
     roots = data_roots_of(args)
     node = StorageNode(node_id, args.dir, max_item_bytes=args.max_item_bytes, data_roots=roots, bind=args.bind, etcd=args.etcd,
                        cluster=args.cluster, advertise=args.advertise, reserve_bytes=int(args.min_free_mb * 2**20))

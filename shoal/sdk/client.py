@@ -113,7 +113,9 @@ class Job:
 
 
 INLINE_BYTES = 1 << 20  # a larger input is uploaded in chunks, never sent as one message
-CHUNK_BYTES = 4 << 20
+# A chunk is what the router and storage hold of an upload at once (twice: received and
+# forwarded), whatever the input's size.
+CHUNK_BYTES = 1 << 20
 
 
 DEFAULT_CLIENT_TIMEOUT_S = 120.0
@@ -170,21 +172,34 @@ class Client:
         if input_path is not None:
             fields["input_path"] = str(Path(input_path).resolve())
         else:
-            data = b"".join(orjson.dumps(it) + b"\n" for it in items)
-            if len(data) <= INLINE_BYTES:
-                fields["items"] = items
+            upload_id = "u-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+            if self._upload(upload_id, items):
+                fields["upload_id"] = upload_id
             else:
-                fields["upload_id"] = "u-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-                self._upload(fields["upload_id"], data)
+                fields["items"] = items
         # Storage checks a large input before the reply: give it time (a re-send is harmless).
         large = "input_path" in fields or "upload_id" in fields
         reply = self._request("SubmitJob", fields, reply_timeout=600.0 if large else None)
         return Job(self, reply["job_id"], reply["total"])
 
-    def _upload(self, upload_id: str, data: bytes) -> None:
-        for index, start in enumerate(range(0, len(data), CHUNK_BYTES)):
-            chunk = memoryview(data)[start:start + CHUNK_BYTES]
-            self._request("UploadChunk", {"upload_id": upload_id, "index": index}, blobs={"data": chunk})
+    def _upload(self, upload_id: str, items: list[dict]) -> bool:
+        """Sends the items as JSON lines in chunks of about CHUNK_BYTES, encoding as it
+        goes (never the whole input at once); False, sending nothing, where they come
+        to INLINE_BYTES or less (they then travel in the submit itself)."""
+        buf, index, uploading = bytearray(), 0, False
+        for it in items:
+            buf += orjson.dumps(it)
+            buf += b"\n"
+            uploading = uploading or len(buf) > INLINE_BYTES
+            if uploading and len(buf) >= CHUNK_BYTES:
+                self._request("UploadChunk", {"upload_id": upload_id, "index": index}, blobs={"data": bytes(buf)})
+                buf.clear()
+                index += 1
+        if not uploading:
+            return False
+        if buf:
+            self._request("UploadChunk", {"upload_id": upload_id, "index": index}, blobs={"data": bytes(buf)})
+        return True
 
     def _request(self, msg_type: str, fields: dict, blobs: dict | None = None, reply_timeout: float | None = None):
         """One call: re-sent while no reply comes, retried while the cluster answers

@@ -1,0 +1,45 @@
+"""What a control-plane node does about its own heap: large buffers mapped apart and
+unmapped when freed, and freed memory handed back after a large piece of work.
+
+glibc serves a request above its mmap threshold (128 KiB at first) from a mapping of its
+own, but raises the threshold to the size of each mapped buffer it frees: after the first
+4 MiB upload chunk, every later one came from the heap, where small objects allocated
+between them pin it. The router and storage grew with the chunks a job's input came in
+(1M items, 14 chunks: +9 and +18 MiB over 100k's two). A fixed threshold keeps every
+message-sized buffer mapped apart, so freeing it unmaps it. Workers keep glibc's default:
+the engine's per-step tensors would pay a mapping and its page faults every step."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+
+log = logging.getLogger(__name__)
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+LARGE_BUFFER_BYTES = 1 << 20
+
+
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: its allocator keeps what it keeps
+        return None
+
+
+def map_large_buffers_apart() -> None:
+    """Buffers of LARGE_BUFFER_BYTES and more get mappings of their own, for good."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt") or not libc.mallopt(M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES):
+        log.info("[memory] the allocator's mmap threshold stays its own (not glibc)")
+
+
+def give_back_memory() -> None:
+    """Freed per-item state goes back to the system, not only to Python's and glibc's
+    free lists (a storage node that held a million items' state would otherwise keep
+    the high-water mark for good)."""
+    gc.collect()
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
