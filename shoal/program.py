@@ -55,8 +55,6 @@ class Generate:
 
     def __init__(self, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
                  messages: list[dict] | None = None, n: int = 1, **params):
-        if sum(x is not None for x in (prompt, prompt_token_ids, messages)) != 1:
-            raise RequestError("Generate needs one of prompt, prompt_token_ids and messages")
         unknown = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
         if unknown:
             raise RequestError(f"Generate: unknown sampling parameter(s) {', '.join(unknown)}")
@@ -64,6 +62,24 @@ class Generate:
 
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
             raise RequestError(f"n must be an integer from 1 to {MAX_SAMPLES}, got {n!r}")
+        self._set_prompt(prompt, prompt_token_ids, messages)
+        self.n = n
+        self.params = SamplingParams(**params)
+        self._params_wire = None
+
+    @classmethod
+    def of_settings(cls, settings: "ResolvedSettings", prompt: str | None = None,
+                    prompt_token_ids: list[int] | None = None, messages: list[dict] | None = None) -> "Generate":
+        """A Generate with settings built and checked once for many items (the generate
+        program's): the prompt is checked here, the settings are not again."""
+        op = cls.__new__(cls)
+        op._set_prompt(prompt, prompt_token_ids, messages)
+        op.n, op.params, op._params_wire = settings.n, settings.params, settings.wire
+        return op
+
+    def _set_prompt(self, prompt, prompt_token_ids, messages) -> None:
+        if sum(x is not None for x in (prompt, prompt_token_ids, messages)) != 1:
+            raise RequestError("Generate needs one of prompt, prompt_token_ids and messages")
         if messages is not None:
             from shoal.chat_template import check_messages
 
@@ -73,12 +89,10 @@ class Generate:
         self.prompt = prompt
         self.prompt_token_ids = None if prompt_token_ids is None else list(prompt_token_ids)
         self.messages = messages
-        self.n = n
-        self.params = SamplingParams(**params)
 
     def to_dict(self) -> dict:
-        d = {"op": self.kind, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
-             "params": self.params.to_dict()}
+        params = self.params.to_dict() if self._params_wire is None else self._params_wire
+        d = {"op": self.kind, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids, "params": params}
         if self.messages is not None:  # (absent otherwise: journals written before chats stay valid)
             d["messages"] = self.messages
         if self.n != 1:
@@ -218,11 +232,17 @@ def program(name: str, version: str = "1", check_item: Callable | None = None):
 BUILT_IN_MODULES = ("shoal.ircot", "shoal.examples.w3", "shoal.openai_program")
 
 
+_built_ins_loaded = False
+
+
 def _registry() -> dict[str, ProgramSpec]:
     """Every registered program, the built-in ones loaded on first use: their modules
     import this one, so this one imports them only when asked (no import cycle)."""
-    for module in BUILT_IN_MODULES:
-        importlib.import_module(module)  # a dictionary lookup once loaded
+    global _built_ins_loaded
+    if not _built_ins_loaded:
+        for module in BUILT_IN_MODULES:
+            importlib.import_module(module)
+        _built_ins_loaded = True
     return _REGISTRY
 
 
@@ -279,16 +299,27 @@ def resolve_program(name: str, allowed: tuple[str, ...] | None = None) -> Progra
     return spec
 
 
+@dataclass(frozen=True)
+class ResolvedSettings:
+    """A Generate's settings, built and checked: shared by every item that has them
+    (SamplingParams is frozen; `wire` is only read, and copied where it is kept)."""
+
+    n: int
+    params: SamplingParams
+    wire: dict
+
+
 @functools.lru_cache(maxsize=256)
-def _resolved_args(params: bytes, own: bytes) -> bytes:
-    """Generate's arguments (n and the sampling settings) for a job's settings under an
-    item's own, as JSON: parsed and checked once per distinct pair, not per item (the
-    items of a job mostly share them; checking each took a sixth of a worker's time on
-    one-token items). A pair that fails its check raises each time (not cached)."""
+def _resolved_settings(params: bytes, own: bytes) -> ResolvedSettings:
+    """Generate's settings for a job's settings under an item's own: parsed, checked and
+    built once per distinct pair, not per item (the items of a job mostly share them;
+    doing it for each took a sixth of a worker's time on one-token items, and building
+    each item's SamplingParams a tenth more). A pair that fails raises each time."""
     from shoal.request_settings import GenerationSettings
 
     settings = GenerationSettings.from_wire(orjson.loads(params)).resolve(orjson.loads(own))
-    return orjson.dumps({"n": settings.n, **settings.sampling.to_dict()})
+    settings.sampling.validate()
+    return ResolvedSettings(settings.n, settings.sampling, settings.sampling.to_dict())
 
 
 @program("generate")
@@ -296,14 +327,14 @@ def generate(item: dict, **params):
     """One Generate per item: the item's prompt (text, token ids or chat messages) with the
     job's settings under the item's own (`shoal/request_settings.py`). With n > 1 the
     record holds the samples as `choices`."""
-    args = orjson.loads(_resolved_args(orjson.dumps(params, option=orjson.OPT_SORT_KEYS),
-                                       orjson.dumps(own_settings(item), option=orjson.OPT_SORT_KEYS)))
+    settings = _resolved_settings(orjson.dumps(params, option=orjson.OPT_SORT_KEYS),
+                                  orjson.dumps(own_settings(item), option=orjson.OPT_SORT_KEYS))
     if item.get("messages") is not None:
-        out = yield Generate(messages=item["messages"], **args)
+        out = yield Generate.of_settings(settings, messages=item["messages"])
     elif item.get("prompt_token_ids") is not None:
-        out = yield Generate(prompt_token_ids=item["prompt_token_ids"], **args)
+        out = yield Generate.of_settings(settings, prompt_token_ids=item["prompt_token_ids"])
     else:
-        out = yield Generate(prompt=item.get("prompt"), **args)
+        out = yield Generate.of_settings(settings, prompt=item.get("prompt"))
     return {"choices": [o.to_dict() for o in out]} if isinstance(out, list) else out.to_dict()
 
 

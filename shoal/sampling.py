@@ -62,6 +62,8 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", tuple(tuple(x) for x in bias))
 
     def validate(self) -> None:
+        if self.__dict__.get("_validated"):  # frozen: what passed once passes again (settings shared by many items)
+            return
         for name, kinds in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", int), ("seed", int)):
             value = getattr(self, name)
             if not isinstance(value, kinds) or isinstance(value, bool):
@@ -106,6 +108,7 @@ class SamplingParams:
                 check_compiles(constraint)
         except ConstraintError as e:
             raise RequestError(str(e)) from None
+        object.__setattr__(self, "_validated", True)
 
     @property
     def constraint(self) -> Constraint | None:

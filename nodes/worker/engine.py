@@ -195,14 +195,17 @@ class LLMEngine:
     def _prepare_output_rules(self, seq: Sequence) -> None:
         """Refuses token ids the vocabulary lacks (logit_bias, stop_token_ids) and gives a
         constrained sequence its matcher, in the state after the tokens it generated."""
+        p = seq.params
+        if not (p.logit_bias or p.stop_token_ids) and p.json_schema is None and p.regex is None and p.choice is None:
+            return  # (most sequences: nothing to check or build)
         vocab = self.model_cfg.vocab_size
-        bad = next((t for t, _ in seq.params.logit_bias if t >= vocab), None)
+        bad = next((t for t, _ in p.logit_bias if t >= vocab), None)
         if bad is None:
-            bad = next((t for t in seq.params.stop_token_ids if not 0 <= t < vocab), None)
+            bad = next((t for t in p.stop_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"sequence {seq.seq_id!r}: token id {bad} outside the vocabulary [0, {vocab})")
         try:
-            constraint = seq.params.constraint
+            constraint = p.constraint
             if constraint is not None:
                 seq.matcher = self.grammars.matcher(constraint, seq.output_token_ids)
         except ConstraintError as e:
