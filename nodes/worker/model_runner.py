@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from shoal.nodes.worker.attention import AttentionMetadata, PrefillSpan, chunk_mask
-from shoal.nodes.worker.kv_cache import KVCache
+from shoal.nodes.worker.kv_cache import SHORT_SPAN, KVCache
 from shoal.nodes.worker.models.decoder import DecoderLM
 from shoal.nodes.worker.sequence import Sequence
 
@@ -45,8 +45,11 @@ class ModelRunner:
         order = sorted(range(len(chunks)), key=lambda i: chunks[i][1] != 1)
         ids: list[int] = []
         pos: list[int] = []
-        decode_slots: list[int] = []
-        chunk_slots: list[torch.Tensor] = []
+        # The step's cache slots in row order: ints where a tensor per sequence would cost
+        # more than its rows (decodes, short prefills: one-token items are all such), a
+        # tensor of its own for a long span.
+        slot_ints: list[int] = []
+        slot_parts: list[torch.Tensor] = []
         logit_rows: list[int] = []
         logit_chunks: list[int] = []
         # Paged spans (kernel path) or the decodes' tables (gather path): per span its first
@@ -61,23 +64,30 @@ class ModelRunner:
             seq, n = chunks[i]
             start = seq.num_computed
             end = start + n
+            by_sdpa = n > 1 and 0 < self.sdpa_prefill_work <= n * end
             if n == 1:
                 ids.append(seq.token(start))
                 pos.append(start)
-                decode_slots.append(seq.block_table[start // bs] * bs + start % bs)
+                slot_ints.append(seq.block_table[start // bs] * bs + start % bs)
                 meta.num_decodes += 1
             else:
                 ids.extend(seq.tokens(start, end))
                 pos.extend(range(start, end))
-                chunk_slots.append(self.cache.slots_of(seq.block_table, start, end))
-            by_sdpa = n > 1 and 0 < self.sdpa_prefill_work <= n * end
+                if n <= SHORT_SPAN and not by_sdpa:  # as ints, into one tensor for the step
+                    table_ = seq.block_table
+                    slot_ints.extend(table_[p // bs] * bs + p % bs for p in range(start, end))
+                else:  # the ints so far, then this span's own tensor (a prefill span may keep it)
+                    slot_parts.append(torch.tensor(slot_ints, dtype=torch.long))
+                    slot_ints = []
+                    slot_parts.append(self.cache.slots_of(seq.block_table, start, end))
+            span_slots = slot_parts[-1] if by_sdpa else None
             if (n == 1 or self.ops is not None) and not by_sdpa:
                 rows.append(row)
                 lens.append(n)
                 ctxs.append(end)
                 tables.append(seq.block_table[: -(-end // bs)])
             elif start == 0:  # on the native path its keys are read back from the cache
-                meta.prefills.append(PrefillSpan(row, row + n, fresh=True, slots=chunk_slots[-1] if by_sdpa else None))
+                meta.prefills.append(PrefillSpan(row, row + n, fresh=True, slots=span_slots))
             else:  # a chunk after its cached prefix: gather both
                 slots = self.cache.slots_of(seq.block_table, 0, end)
                 if by_sdpa:  # two flash calls: 1.0x-1.5x the masked rectangle, never slower
@@ -91,7 +101,8 @@ class ModelRunner:
                 logit_chunks.append(i)
         host = {"ids": torch.tensor(ids, dtype=torch.long), "pos": torch.tensor(pos, dtype=torch.long),
                 "logit_rows": torch.tensor(logit_rows, dtype=torch.long),
-                "slot_mapping": torch.cat([torch.tensor(decode_slots, dtype=torch.long), *chunk_slots])}
+                "slot_mapping": torch.cat([*slot_parts, torch.tensor(slot_ints, dtype=torch.long)]) if slot_parts
+                else torch.tensor(slot_ints, dtype=torch.long)}
         if rows:
             width = max(map(len, tables))
             table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
