@@ -121,9 +121,17 @@ def decoder_config_from_dict(raw: dict, source: str = "config") -> DecoderConfig
             raise ModelError(f"{source}: missing field {key!r}")
         return raw[key]
 
-    rope_scaling = raw.get("rope_scaling")
-    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
-        raise ModelError(f"{source}: unsupported rope_scaling {rope_scaling!r}")
+    # transformers 5 writes RoPE's settings as rope_parameters (rope_theta and any scaling
+    # inside); earlier releases wrote rope_scaling. A scaling Shoal does not apply is refused,
+    # never ignored: the model would run, with every position's rotation wrong.
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = raw.get(key)
+        if rope and rope.get("rope_type", rope.get("type")) not in (None, "default"):
+            raise ModelError(f"{source}: unsupported {key} {rope!r} (Shoal applies RoPE without scaling)")
+    windowed = [t for t in raw.get("layer_types") or () if t != "full_attention"]
+    if raw.get("use_sliding_window") or windowed:
+        raise ModelError(f"{source}: sliding-window attention is not supported "
+                         f"({'use_sliding_window' if raw.get('use_sliding_window') else 'layer_types: ' + windowed[0]})")
     hidden = int(need("hidden_size"))
     heads = int(need("num_attention_heads"))
     eos = raw.get("eos_token_id")
@@ -155,7 +163,10 @@ def _moe_fields(raw: dict, source: str, need, family: str) -> dict:
     # Mixtral names the same fields its own way, and has every layer sparse and its
     # top-k weights always renormalized.
     mixtral = family == "mixtral"
-    count_key, width_key = ("num_local_experts", "intermediate_size") if mixtral else ("num_experts", "moe_intermediate_size")
+    # The experts' count under either name transformers takes for it (its attribute_map):
+    # Qwen3-MoE configs say num_experts up to transformers 4.x and num_local_experts from 5.
+    count_key = next((k for k in ("num_experts", "num_local_experts") if k in raw), "num_experts")
+    width_key = "intermediate_size" if mixtral else "moe_intermediate_size"
     if mixtral:
         window = raw.get("sliding_window")
         if window is not None and int(window) < int(raw.get("max_position_embeddings", 2048)):
