@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
@@ -69,3 +70,24 @@ def test_a_sliding_window_mixtral_is_refused_by_name():
     raw["sliding_window"] = 256
     with pytest.raises(ModelError, match="sliding-window attention"):
         decoder_config_from_dict(raw)
+
+
+def test_grouped_experts_equal_the_loop_and_read_nothing_back(tiny_moe_model, monkeypatch):
+    """The experts in two grouped GEMMs (`torch._grouped_mm`, where torch has it) give
+    what one multiply per chosen expert gives, without reading any value back to the
+    host: on a GPU that read is a synchronization per layer."""
+    from shoal.nodes.worker.models.loader import load_decoder
+
+    model, _ = load_decoder(tiny_moe_model, "float32")
+    moe = model.layers[0].mlp
+    x = torch.randn(37, 64, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        moe.grouped = False
+        loop = moe(x)
+        moe.grouped = None
+        with monkeypatch.context() as m:
+            for name in ("tolist", "item"):
+                m.setattr(torch.Tensor, name, lambda *a, _n=name: pytest.fail(f"the grouped path called .{_n}()"))
+            grouped = moe(x)
+    assert moe.grouped == hasattr(torch, "_grouped_mm"), "torch has a grouped GEMM, but the block did not use it"
+    torch.testing.assert_close(grouped, loop, atol=1e-5, rtol=1e-5)
