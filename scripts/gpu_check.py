@@ -412,8 +412,71 @@ def structured(args) -> dict:
 
 # -- the run ------------------------------------------------------------------------------
 
+def streaming(args) -> dict:
+    """Weight streaming on the device (`--device-memory`, about half the layers resident): the
+    copies on a stream of their own ordered by events (`weight_copies.py`). Greedy tokens
+    against the same engine with every weight resident, tokens/s of both, bytes copied
+    per generated token and the copy bandwidth the copy stream's events measured."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.output_compare import BF16_TOL, compare_outputs
+    from shoal.sampling import SamplingParams
+
+    from shoal.nodes.worker.models.make_model import make_model
+
+    model = Path(args.work) / "streamed-bfloat16"  # the small shape (tiny on a dry run) in 8 layers
+    if not (model / "config.json").exists():
+        make_model(model, preset="small" if GPU else "tiny", dtype="bfloat16", overrides={"num_hidden_layers": 8},
+                   tokenizer_text_chars=200_000)
+    model = str(model)
+    vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
+    work = w1(vocab, 64 if GPU else 4, seed=3)
+    params = SamplingParams(max_tokens=64 if GPU else 8, ignore_eos=True, return_margins=True)
+    runs = {}
+    for name in ("resident", "streamed"):
+        config = EngineConfig(device=DEVICE, dtype="bfloat16", policy="mb")
+        if name == "streamed":
+            from shoal.nodes.worker.models.loader import load_decoder
+            from shoal.nodes.worker.weight_streamer import nbytes
+
+            probe, _ = load_decoder(model, "bfloat16", "cpu")  # (as loaded: before any repacking)
+            layers = [nbytes(layer) for layer in probe.layers]
+            fixed = nbytes(probe) - sum(layers)
+            del probe
+            # What stays resident besides the two slots: about half the layers.
+            budget = fixed + 2 * max(layers) + sum(layers) // 2 - 2 * max(layers)
+            config = EngineConfig(device=DEVICE, dtype="bfloat16", policy="mb",
+                                  device_memory=max(budget, fixed + 2 * max(layers)))
+        eng = LLMEngine(model, config)
+        eng.generate(work.prompts[:2], SamplingParams(max_tokens=2, ignore_eos=True))  # warm
+        sync()
+        t = time.perf_counter()
+        outs = eng.generate(work.prompts, params)
+        sync()
+        wall = time.perf_counter() - t
+        tokens = sum(len(o.token_ids) for o in outs)
+        stats = eng.model.streamer.summary() if eng.model.streamer is not None else {}
+        runs[name] = {"outs": outs, "tok_s": tokens / wall, "tokens": tokens, "stream": stats}
+        del eng
+        release()
+    verdicts = [compare_outputs(s.token_ids, r.token_ids, [r.margins, s.margins], tol=BF16_TOL)
+                for r, s in zip(runs["resident"]["outs"], runs["streamed"]["outs"])]
+    bad = [v.detail for v in verdicts if not v]
+    st = runs["streamed"]["stream"]
+    bw = st.get("fetch_cost", {}).get("bandwidth", 0.0)
+    per_token = st.get("bytes_fetched", 0) / max(runs["streamed"]["tokens"], 1)
+    ratio = runs["streamed"]["tok_s"] / runs["resident"]["tok_s"]
+    return {"ok": not bad and bool(st.get("streamed_layers")), "failures": bad,
+            "resident_tok_s": runs["resident"]["tok_s"], "streamed_tok_s": runs["streamed"]["tok_s"],
+            "streamed_over_resident": ratio, "bytes_per_token": per_token, "copy_bandwidth": bw,
+            "stream": st,
+            "line": f"{sum(bool(v) for v in verdicts)}/{len(verdicts)} the same streamed as resident; "
+                    f"{st.get('streamed_layers', 0)} layers streamed: {runs['streamed']['tok_s']:.0f} against "
+                    f"{runs['resident']['tok_s']:.0f} tok/s resident ({ratio:.2f}x), "
+                    f"{per_token / 1e6:.2f} MB copied per token at {bw / 1e9:.1f} GB/s (" + ("copy-stream events" if GPU else "copy thread") + ")"}
+
+
 SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2",
-            "structured")
+            "structured", "streaming")
 NEEDS = {"greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
          "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
 
@@ -445,7 +508,8 @@ def main() -> int:
             "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
-            "w2": lambda: w2(args), "structured": lambda: structured(args)}
+            "w2": lambda: w2(args), "structured": lambda: structured(args),
+            "streaming": lambda: streaming(args)}
     failed = False
     t_all = time.perf_counter()
     for name in SECTIONS:

@@ -66,13 +66,18 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     # Calibration and stats name what runs; the budget is the default until a calibration says otherwise.
     config = replace(config, device=device.name, dtype=dtype_choice.name, kv_cache_dtype=kv_dtype_choice.name,
                      max_num_batched_tokens=DEFAULT_BUDGET if auto_budget else config.max_num_batched_tokens)
-    model, fingerprint = load_decoder(model_dir, config.dtype, device.name)
+    # A GPU that is to hold only part of the model gets it from the host: the streamer
+    # keeps the streamed layers there (pinned) and moves the rest.
+    load_to = "cpu" if config.device_memory and device.is_gpu else device.name
+    model, fingerprint = load_decoder(model_dir, config.dtype, load_to)
     streamer = None
     if config.device_memory:
         from shoal.nodes.worker.weight_streamer import WeightStreamer, nbytes
 
         if nbytes(model) > config.device_memory:
-            streamer = model.streamer = WeightStreamer(model, config.device_memory)
+            streamer = model.streamer = WeightStreamer(model, config.device_memory, device=device.name)
+        elif load_to != device.name:
+            model.to(device.name)
     packed = 0
     if config.packed_linears and not device.is_gpu:  # oneDNN's blocked layout is a CPU layout
         from shoal.nodes.worker.models.packed_linear import pack_linears

@@ -3,9 +3,10 @@
 The embeddings, the final norm, the output projection and as many decoder layers as fit
 stay resident; the other layers' weights live in host memory (pinned on a GPU) and are
 copied into one of two device slots just ahead of use: while layer i computes, the next
-streamed layer's weights are copied into the other slot on a copy thread (on a GPU the
-copies are issued asynchronously on the current stream; a copy stream of their own, so
-that they overlap kernels, is not built: no GPU has run this). A mixture-of-experts
+streamed layer's weights are copied into the other slot (`weight_copies.py`: on a CPU on
+a copy thread; on a GPU on a CUDA stream of their own, ordered against the compute
+stream by events, so that copies overlap kernels and the host never waits on either;
+not yet run on a GPU). A mixture-of-experts
 layer's experts are copied only once the router has
 chosen them, and only those some token of the step chose: experts nobody routes to cost
 no bytes.
@@ -15,7 +16,8 @@ alternate between the two), so a fetch is a copy into memory the modules already
 nothing is re-bound while the model runs. On a CPU the "device" is the same memory and
 a fetch a memcpy, measured like any other: the code path is the one a GPU takes.
 
-Every copy is timed, so the streamer knows its copy bandwidth, and with it the fetch term
+Every copy is timed (on a GPU by the copy stream's events), so the streamer knows its copy
+bandwidth, and with it the fetch term
 of the step cost (`scheduler/fetch_cost.py`): the engine sizes its steps by it, and a
 step whose tokens are expected to use most of a MoE layer's experts has all of them
 copied ahead of use with the layer's dense part, hidden behind the previous layer's
@@ -27,12 +29,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
 from torch import nn
 
+from shoal.nodes.worker.weight_copies import copies_for
 from shoal.scheduler.fetch_cost import FetchCost
 
 log = logging.getLogger(__name__)
@@ -60,10 +62,14 @@ def nbytes(module: nn.Module) -> int:
 
 class WeightStreamer:
     def __init__(self, model: nn.Module, device_bytes: int, resident_layers: int | None = None,
-                 overlap: bool = True, routed_experts_only: bool = True):
-        """`resident_layers`, `overlap` and `routed_experts_only` exist for baselines
-        (`scripts/bench_offload_weights.py`): a fixed count of resident layers, copies
-        not started ahead of use, every expert copied."""
+                 overlap: bool = True, routed_experts_only: bool = True, device: str | torch.device | None = None):
+        """`model` on the host, or already on `device` (default: where its parameters
+        are); on a GPU the streamed layers' weights stay on the host, pinned, and the rest
+        of the model moves to the device. `resident_layers`, `overlap` and
+        `routed_experts_only` exist for baselines (`scripts/bench_offload_weights.py`):
+        a fixed count of resident layers, copies not started ahead of use, every expert
+        copied."""
+        device = torch.device(device) if device is not None else next(model.parameters()).device
         layers = list(model.layers)
         per_layer = [nbytes(layer) for layer in layers]
         fixed = nbytes(model) - sum(per_layer)
@@ -87,37 +93,39 @@ class WeightStreamer:
         self.position = {i: n for n, i in enumerate(self.streamed)}
         self.host: dict[int, dict[str, torch.Tensor]] = {}
         self.slots: list[dict[str, torch.Tensor]] = [{}, {}]
+        self._on_gpu = device.type == "cuda"
         for i in self.streamed:
             slot_params = self.slots[self.position[i] % 2]
             host = {}
             for name, p in layers[i].named_parameters():
-                host[name] = p.detach().clone().pin_memory() if torch.cuda.is_available() else p.detach().clone()
+                # A copy of its own on the host (pinned for a GPU's asynchronous copies).
+                host[name] = p.detach().cpu().pin_memory() if self._on_gpu else p.detach().clone()
                 if name not in slot_params:
                     # Zeroed, so its pages exist before the first copy is timed.
-                    slot_params[name] = torch.zeros_like(p.detach())
+                    slot_params[name] = torch.zeros(p.shape, dtype=p.dtype, device=device)
                 p.data = slot_params[name]  # the layer reads its slot from now on
             self.host[i] = host
             mlp = getattr(layers[i], "mlp", None)
             if hasattr(mlp, "router"):
                 mlp.on_experts = lambda used, i=i: self.fetch_experts(i, used)
+        model.to(device)  # the rest of the model (the slots are there already)
         self.resident_bytes = fixed + sum(per_layer[:resident]) + (2 * slot if self.streamed else 0)
         self.weight_bytes = fixed + sum(per_layer)
         self.stats = {"bytes_fetched": 0, "layers_fetched": 0, "experts_fetched": 0, "experts_skipped": 0,
                       "experts_prefetched": 0, "fetch_wait_s": 0.0, "expert_copy_s": 0.0}
-        # Written by the copies ahead of use (the copy thread, and the first one here): their bandwidth.
-        self._copied = {"bytes": 0, "seconds": 0.0}
         self._shape = self._cost_shape()  # a FetchCost without its bandwidth (measured as copies run)
-        self._on_gpu = any(t.is_cuda for slot in self.slots for t in slot.values())
-        self._copier = ThreadPoolExecutor(1, thread_name_prefix="weight-fetch")
-        self._pending: dict[int, Future] = {}
+        self.copies = copies_for(device)
+        self._pending: dict[int, object] = {}  # streamed layer -> the handle of its copy under way
         self._with_experts: dict[int, bool] = {}  # streamed layer -> its experts are in its slot this step
         if self.streamed:
             log.info("[stream] %d of %d layers resident, %d streamed through 2 slots of %.1f MB "
                      "(%.0f%% of %.1f MB of weights on the device)", resident, len(layers), len(self.streamed),
                      slot / 1e6, 100 * self.resident_bytes / self.weight_bytes, self.weight_bytes / 1e6)
-            # The first fetch is waited for here: it gives the bandwidth a first measure.
-            first = Future()
-            first.set_result(self._copy(self.streamed[0], False))
+            # The first fetch is done here: it gives the bandwidth a first measure.
+            first = self.copies.now(lambda: self._copy(self.streamed[0], False))
+            self.copies.use(first)
+            if self._on_gpu:
+                torch.cuda.synchronize(device)  # so that the copy stream's events give a first bandwidth
             self._pending[self.streamed[0]] = first
 
     def _cost_shape(self) -> FetchCost:
@@ -136,31 +144,27 @@ class WeightStreamer:
     @property
     def fetch_cost(self) -> FetchCost:
         """The fetch term of the step cost, at the copy bandwidth measured so far."""
-        bw = self._copied["bytes"] / self._copied["seconds"] if self._copied["seconds"] > 0 else 0.0
-        return replace(self._shape, bandwidth=bw)
+        copied, seconds = self.copies.measured()
+        return replace(self._shape, bandwidth=copied / seconds if seconds > 0 else 0.0)
 
     def _copy(self, i: int, with_experts: bool) -> tuple[int, bool]:
-        """Copies a layer's weights (its experts too if asked); returns the bytes copied."""
+        """Issues the copies of a layer's weights (its experts too if asked) into its
+        slot; returns the bytes and whether the experts came along."""
         slot, copied = self.slots[self.position[i] % 2], 0
         skip = () if with_experts else self.experts[i]
-        t = time.perf_counter()
         with torch.no_grad():
             for name, src in self.host[i].items():
                 if name in skip:
                     continue
                 copy_weights(slot[name], src)
                 copied += src.numel() * src.element_size()
-            if self._on_gpu:  # asynchronous copies: timed once they are done
-                torch.cuda.current_stream().synchronize()
-        self._copied["seconds"] += time.perf_counter() - t
-        self._copied["bytes"] += copied
         return copied, with_experts and bool(self.experts[i])
 
     def _prefetch(self, i: int, rows: int) -> None:
         if i not in self._pending:
             # Experts ahead of use only when the step's tokens are expected to use most of them.
             ahead = self.routed_experts_only and self._shape.prefetch_all_experts(rows)
-            self._pending[i] = self._copier.submit(self._copy, i, ahead)
+            self._pending[i] = self.copies.start(lambda: self._copy(i, ahead))
 
     def before_layer(self, i: int, rows: int) -> None:
         """Waits for layer i's weights (if streamed) and starts copying the next one's.
@@ -169,10 +173,12 @@ class WeightStreamer:
             return
         if i == self.streamed[0]:
             self._forget_stale_copies()
-        future = self._pending.pop(i, None) or self._copier.submit(self._copy, i, False)
+        # The layers issued so far are behind this point: the other slot frees when they finish.
+        self.copies.compute_moved_on()
+        handle = self._pending.pop(i, None) or self.copies.start(lambda: self._copy(i, False))
         t = time.perf_counter()
-        copied, self._with_experts[i] = future.result()
-        self.stats["fetch_wait_s"] += time.perf_counter() - t
+        copied, self._with_experts[i] = self.copies.use(handle)
+        self.stats["fetch_wait_s"] += time.perf_counter() - t  # (on a GPU the host does not wait)
         self.stats["bytes_fetched"] += copied
         self.stats["layers_fetched"] += 1
         n = self.position[i]
@@ -186,12 +192,13 @@ class WeightStreamer:
         after them), so it is waited for and dropped, and fetched again when due."""
         first = self.streamed[0]
         for i in [k for k in self._pending if k != first]:
-            self._pending.pop(i).result()
+            self.copies.use(self._pending.pop(i))
 
     def after_step(self, rows: int) -> None:
         """The next step starts with the first streamed layer: fetch it now (its slot is
         free), guessing the next step as large as this one."""
         if self.streamed and self.overlap:
+            self.copies.compute_moved_on()  # the last streamed layer may have read the first's slot
             self._prefetch(self.streamed[0], rows)
 
     def fetch_experts(self, i: int, used: list[int]) -> None:
@@ -205,13 +212,20 @@ class WeightStreamer:
         slot = self.slots[self.position[i] % 2]
         if not self.routed_experts_only:
             used = list(range(total))
+
+        def copy_experts() -> tuple[int, bool]:
+            copied = 0
+            with torch.no_grad():
+                for name in EXPERT_PARAMS:
+                    key = f"mlp.{name}"
+                    for e in used:
+                        copy_weights(slot[key][e], host[key][e])
+                        copied += host[key][e].numel() * host[key][e].element_size()
+            return copied, True
+
         t = time.perf_counter()
-        with torch.no_grad():
-            for name in EXPERT_PARAMS:
-                key = f"mlp.{name}"
-                for e in used:
-                    copy_weights(slot[key][e], host[key][e])
-                    self.stats["bytes_fetched"] += host[key][e].numel() * host[key][e].element_size()
+        copied, _ = self.copies.use(self.copies.now(copy_experts))  # after the layer's own copy, in order
+        self.stats["bytes_fetched"] += copied
         self.stats["expert_copy_s"] += time.perf_counter() - t
         self.stats["experts_fetched"] += len(used)
         self.stats["experts_skipped"] += total - len(used)
@@ -221,4 +235,4 @@ class WeightStreamer:
                 "streamed_layers": len(self.streamed), **self.stats, "fetch_cost": self.fetch_cost.to_dict()}
 
     def close(self) -> None:
-        self._copier.shutdown(wait=True)
+        self.copies.close()
