@@ -78,6 +78,7 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
             streamer = model.streamer = WeightStreamer(model, config.device_memory, device=device.name)
         elif load_to != device.name:
             model.to(device.name)
+            model.rope.to(device.name)  # (plain tensors: Module.to leaves them)
     packed = 0
     if config.packed_linears and not device.is_gpu:  # oneDNN's blocked layout is a CPU layout
         from shoal.nodes.worker.models.packed_linear import pack_linears

@@ -79,6 +79,8 @@ class StreamCopies:
         self.device = device
         self.stream = torch.cuda.Stream(device)
         self.compute = torch.cuda.current_stream(device)
+        # What the compute stream queued before (the slots' zero fill) comes before any copy.
+        self.stream.wait_stream(self.compute)
         self._freed = None  # the compute stream's event after the layers issued so far
         self._timing: list[tuple[torch.cuda.Event, torch.cuda.Event, int]] = []
         self.bytes, self.seconds = 0, 0.0
@@ -98,6 +100,8 @@ class StreamCopies:
             result = copy()  # non-blocking copies from pinned host memory, on this stream
             end.record(self.stream)
         self._timing.append((begin, end, result[0]))
+        if len(self._timing) > 256:  # fold the finished ones in: the list stays short whoever reads it
+            self.measured()
         return StreamHandle(result, end)
 
     now = start  # the compute stream waits for it in `use` either way: the host need not

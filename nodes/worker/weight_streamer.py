@@ -109,6 +109,8 @@ class WeightStreamer:
             if hasattr(mlp, "router"):
                 mlp.on_experts = lambda used, i=i: self.fetch_experts(i, used)
         model.to(device)  # the rest of the model (the slots are there already)
+        if getattr(model, "rope", None) is not None:
+            model.rope.to(device)  # (its tables are plain tensors, which Module.to does not move)
         self.resident_bytes = fixed + sum(per_layer[:resident]) + (2 * slot if self.streamed else 0)
         self.weight_bytes = fixed + sum(per_layer)
         self.stats = {"bytes_fetched": 0, "layers_fetched": 0, "experts_fetched": 0, "experts_skipped": 0,
@@ -116,6 +118,7 @@ class WeightStreamer:
         self._shape = self._cost_shape()  # a FetchCost without its bandwidth (measured as copies run)
         self.copies = copies_for(device)
         self._pending: dict[int, object] = {}  # streamed layer -> the handle of its copy under way
+        self._deferred: tuple[int, int] | None = None  # (layer, rows): a prefetch waiting on expert copies
         self._with_experts: dict[int, bool] = {}  # streamed layer -> its experts are in its slot this step
         if self.streamed:
             log.info("[stream] %d of %d layers resident, %d streamed through 2 slots of %.1f MB "
@@ -183,7 +186,13 @@ class WeightStreamer:
         self.stats["layers_fetched"] += 1
         n = self.position[i]
         if n + 1 < len(self.streamed) and self.overlap:
-            self._prefetch(self.streamed[n + 1], rows)
+            if self._on_gpu and self.experts[i] and not self._with_experts[i]:
+                # This layer's routed experts are copied once its router has chosen them, and
+                # compute waits for that copy: on one in-order copy stream it must not queue
+                # behind the whole next layer. The next layer's copy starts after it.
+                self._deferred = (self.streamed[n + 1], rows)
+            else:
+                self._prefetch(self.streamed[n + 1], rows)
 
     def _forget_stale_copies(self) -> None:
         """At a step's first streamed layer no other layer's copy is pending, unless the
@@ -191,6 +200,7 @@ class WeightStreamer:
         copies run in order on one thread, and this step's copy of its first layer comes
         after them), so it is waited for and dropped, and fetched again when due."""
         first = self.streamed[0]
+        self._deferred = None
         for i in [k for k in self._pending if k != first]:
             self.copies.use(self._pending.pop(i))
 
@@ -226,7 +236,11 @@ class WeightStreamer:
         t = time.perf_counter()
         copied, _ = self.copies.use(self.copies.now(copy_experts))  # after the layer's own copy, in order
         self.stats["bytes_fetched"] += copied
-        self.stats["expert_copy_s"] += time.perf_counter() - t
+        self.stats["expert_copy_s"] += time.perf_counter() - t  # (on a GPU: the time to issue them)
+        if self._deferred is not None:  # the next layer's copy, now behind these experts
+            nxt, rows = self._deferred
+            self._deferred = None
+            self._prefetch(nxt, rows)
         self.stats["experts_fetched"] += len(used)
         self.stats["experts_skipped"] += total - len(used)
 
