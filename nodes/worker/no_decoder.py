@@ -16,6 +16,9 @@ from shoal.sampling import RequestError
 class _Config:
     block_size: int = 16
     max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    chunked_prefill: bool = False
+    policy: str = "none"
 
 
 @dataclass(frozen=True)

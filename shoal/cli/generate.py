@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
     g.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     g.add_argument("--router", help="a running cluster's router; without it a local cluster runs the job")
     g.add_argument("--job-key", help="idempotency key: resubmitting it returns the same job")
+    g.add_argument("--dry-run", action="store_true",
+                   help="predict the job's time from the workers' calibration, and stop (nothing runs)")
+    g.add_argument("--predict", action="store_true",
+                   help="predict the job's time before it runs, and compare with what it took after")
     g.add_argument("--on-error", choices=["fail", "skip"], default="fail",
                    help="a bad input line: refuse the job (fail), or run the rest and record the line's error "
                         "in the output (skip)")
@@ -124,6 +128,7 @@ def cmd_generate(args) -> int:
     from shoal.cli.resumable_output import ResumableOutput, job_fingerprint
 
     settings = job_settings(args)
+    job_wide = settings
     sent_params = settings.to_wire()
     check_output_file(args.output)  # before the job runs: its results are not thrown away at the end
     context, vocab = model_limits(args.model)
@@ -156,7 +161,13 @@ def cmd_generate(args) -> int:
     if output.resuming:
         print(f"resuming: {output.kept} of {len(payload) + len(bad)} records already in {jsonl_path}; running the "
               f"other {len(todo)}", file=sys.stderr)
-    tokens, wall = 0, 0.0
+    if args.dry_run:  # before the output is opened: a dry run writes nothing
+        cluster = nullcontext() if args.router else LocalCluster(args.model, workers=args.workers, dtype=args.dtype,
+                                                                 device=args.device)
+        with cluster as local:
+            prediction = _predict(Client(args.router or local.router, timeout=args.timeout), todo, job_wide, args)
+        return 0 if prediction is not None else 1
+    tokens, wall, prediction = 0, 0.0, None
     with output:
         for rec in (rec for rec in bad if record_key(rec) not in done):
             output.write(rec)
@@ -167,6 +178,8 @@ def cmd_generate(args) -> int:
                 storage_args=["--max-item-bytes", str(args.max_item_bytes)])
             with cluster as local:
                 router = args.router or local.router
+                if args.predict:
+                    prediction = _predict(Client(router, timeout=args.timeout), todo, job_wide, args)
                 t0 = time.perf_counter()
                 job = Client(router, timeout=args.timeout).submit(todo, params=sent_params, job_key=args.job_key or default_job_key("generate", fingerprint))
                 print(f"job {job.id}: {len(todo)} sequences via {router}", file=sys.stderr)
@@ -191,7 +204,23 @@ def cmd_generate(args) -> int:
             jsonl_to_parquet(jsonl_path, args.output)
     if parquet:
         os.unlink(jsonl_path)
+    if prediction is not None and wall:
+        print(f"predicted {prediction.seconds:.1f}s ({prediction.tokens_per_s:.0f} output tok/s), measured {wall:.1f}s "
+              f"from submit to the last result: error {100 * (prediction.seconds - wall) / wall:+.0f}%", file=sys.stderr)
     print(f"results: {args.output}  ({len(items) + len(bad)} sequences, {failed} failed, "
           f"{tokens} tokens in {wall:.1f}s, {tokens / max(wall, 1e-9):.0f} output tok/s"
           + (f"; {output.kept} kept from the interrupted run" if output.resuming else "") + ")")
     return finish(failed, len(items) + len(bad), "sequences", args.output, args.allow_failures)
+
+
+def _predict(client, records: list[dict], job, args):
+    """Prints the job's predicted time; None (said why) where the cluster cannot be predicted."""
+    from shoal.cli.generate_plan import NoPrediction, predict_items
+
+    try:
+        prediction = predict_items(client, records, job, args.model)
+    except NoPrediction as e:
+        print(f"no prediction: {e}", file=sys.stderr)
+        return None
+    print(f"prediction: {prediction.summary()}", file=sys.stderr)
+    return prediction

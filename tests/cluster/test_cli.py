@@ -26,9 +26,12 @@ def test_generate_through_a_local_cluster(tiny_model, tmp_path):
                              for i, p in enumerate(prompts)) + orjson.dumps({"id": "t", "prompt": "The module"}) + b"\n")
     out = tmp_path / "out.jsonl"
     res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out),
-                  "--max-tokens", "8", "--workers", "2")
+                  "--max-tokens", "8", "--workers", "2", "--predict")
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"results: {out}" in res.stdout
+    # The workers' calibration predicted the job (an upper bound: these items may end early).
+    assert "prediction: " in res.stderr and "at most" in res.stderr and "on 2 worker(s)" in res.stderr, res.stderr[-2000:]
+    assert "measured" in res.stderr and "error" in res.stderr
     recs = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert sorted(map(str, (r["id"] for r in recs))) == sorted(map(str, [*range(12), "t"])) and len(recs) == 13
     by_id = {r["id"]: r for r in recs}
@@ -39,6 +42,18 @@ def test_generate_through_a_local_cluster(tiny_model, tmp_path):
         ref = eng.generate([p], SamplingParams(max_tokens=6 + i % 5, return_margins=True), seq_ids=[i])[0]
         cmp = compare_outputs(by_id[i]["token_ids"], ref.token_ids, [ref.margins])
         assert cmp, f"{i}: {cmp.detail}"
+
+
+def test_a_dry_run_predicts_and_writes_nothing(tiny_model, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b"".join(orjson.dumps({"id": i, "prompt_token_ids": [5] * (10 + i), "max_tokens": 9,
+                                           "ignore_eos": True}) + b"\n" for i in range(6)))
+    out = tmp_path / "out.jsonl"
+    res = run_cli("generate", "--model", str(tiny_model), "--input", str(inp), "--output", str(out), "--dry-run")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "prediction: " in res.stderr and "for 54 output tokens on 1 worker(s)" in res.stderr, res.stderr[-2000:]
+    assert "at most" not in res.stderr  # ignore_eos: the lengths are known
+    assert not out.exists() and "job " not in res.stderr
 
 
 def test_bad_input_is_refused_before_anything_starts(tiny_model, tmp_path):
