@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from shoal.protocol.errors import ShoalError
 from shoal.scheduler.generation_prediction import GenerationPrediction, WorkerShape, predict_generation
 
 
-class NoPrediction(Exception):
+class NoPrediction(ShoalError):
     """The cluster cannot be predicted for; the message says why."""
 
 
