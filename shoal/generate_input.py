@@ -10,6 +10,7 @@ node (on an upload or a file referenced by path), so a job that starts is well f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,10 @@ MAX_SETTINGS_KEPT = 1024  # distinct settings remembered as passed; past that, e
 
 
 def settings_key(own: dict) -> bytes | None:
-    """Settings as canonical JSON (None where they are not JSON: checked every time)."""
+    """Settings as canonical JSON (None where they are not JSON: checked every time; a
+    NaN or an infinity too, which JSON would write as null)."""
+    if any(isinstance(v, float) and not math.isfinite(v) for v in own.values()):
+        return None
     try:
         return orjson.dumps(own, option=orjson.OPT_SORT_KEYS)
     except TypeError:

@@ -30,6 +30,7 @@ class _Blocks:
 class NoDecoder:
     fingerprint = ""
     cost_model = None
+    planner = None
     config = _Config()
     blocks = _Blocks()
     max_total_tokens = 0

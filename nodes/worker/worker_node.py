@@ -80,7 +80,7 @@ class WorkerNode(Node):
                "max_seq_tokens": engine.max_total_tokens, "dtype": getattr(engine.config, "dtype", None),
                "calibration": engine.cost_model.to_dict() if engine.cost_model else None,
                # What a job's time follows from, with the calibration (`shoal generate --dry-run`).
-               "policy": getattr(engine.planner, "name", engine.config.policy), "budget": engine.config.max_num_batched_tokens,
+               "policy": getattr(getattr(engine, "planner", None), "name", engine.config.policy), "budget": engine.config.max_num_batched_tokens,
                "block_size": engine.config.block_size, "chunked_prefill": engine.config.chunked_prefill}
         if encoder is not None:  # the scheduler sends SuperBatches to workers with the job's encoder
             cap["encoder"] = encoder.fingerprint

@@ -216,10 +216,11 @@ def cmd_generate(args) -> int:
 def _predict(client, records: list[dict], job, args):
     """Prints the job's predicted time; None (said why) where the cluster cannot be predicted."""
     from shoal.cli.generate_plan import NoPrediction, predict_items
+    from shoal.scheduler.cost_model import CalibrationError
 
     try:
         prediction = predict_items(client, records, job, args.model)
-    except NoPrediction as e:
+    except (NoPrediction, CalibrationError, KeyError, TypeError, ValueError) as e:  # the job runs all the same
         print(f"no prediction: {e}", file=sys.stderr)
         return None
     print(f"prediction: {prediction.summary()}", file=sys.stderr)
