@@ -46,30 +46,42 @@ def copy_bandwidth() -> float:
     return 4 * src.numel() / (time.perf_counter() - t)
 
 
+def release_device() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def prompts_for(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     r = random.Random(seed)
     return [[r.randrange(vocab - 1) for _ in range(r.randint(32, 64))] for _ in range(n)]
 
 
-def run(model: str, prompts, out: int, fraction: float | None, batch: int, budget: int, repeats: int = 1) -> dict:
+def run(model: str, prompts, out: int, fraction: float | None, batch: int, budget: int, repeats: int = 1,
+        device: str = "cpu") -> dict:
     """fraction: of the weights resident (Shoal); None: the layer-streaming baseline.
-    The best of `repeats` timed runs (this machine's neighbours come and go)."""
+    The best of `repeats` timed runs (this machine's neighbours come and go). `device`:
+    where the engine computes (on a GPU the streamed weights come over PCIe)."""
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.nodes.worker.weight_streamer import WeightStreamer, nbytes
     from shoal.sampling import SamplingParams
 
     if fraction is None:
-        eng = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, max_num_batched_tokens=budget))
+        eng = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, max_num_batched_tokens=budget,
+                                            device=device))
         eng.streamer = eng.model.streamer = WeightStreamer(eng.model, 0, resident_layers=0, overlap=False,
                                                            routed_experts_only=False)
         groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     else:
-        probe = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, num_blocks=4))
+        probe = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, num_blocks=4, device=device))
         weights = nbytes(probe.model)  # in the dtype the engine picks here
         del probe
+        release_device()
         memory = int(weights * fraction) if fraction < 1 else 0
         eng = LLMEngine(model, EngineConfig(policy="mb", device_memory=memory, max_num_seqs=max(256, len(prompts)),
-                                            max_num_batched_tokens=budget))
+                                            max_num_batched_tokens=budget, device=device))
         groups = [prompts]
     params = SamplingParams(max_tokens=out, ignore_eos=True)
     eng.generate(prompts[:2], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
@@ -89,7 +101,7 @@ def run(model: str, prompts, out: int, fraction: float | None, batch: int, budge
     if eng.streamer:  # nothing of this engine (its copy thread, its memory) stays to weigh on the next
         eng.streamer.close()
     del eng
-    gc.collect()
+    release_device()
     return {"tokens_per_s": tokens / wall, "wall": wall, "tokens": tokens, "steps": steps,
             "bytes_per_token": fetched / tokens, "resident_bytes": s["resident_bytes"],
             "weight_bytes": s["weight_bytes"], "streamed_layers": s.get("streamed_layers", 0),

@@ -475,8 +475,57 @@ def streaming(args) -> dict:
                     f"{per_token / 1e6:.2f} MB copied per token at {bw / 1e9:.1f} GB/s (" + ("copy-stream events" if GPU else "copy thread") + ")"}
 
 
+def w6(args) -> dict:
+    """W6-GPU: a model the device holds only part of. The `qwen3-1.7b` preset and a random
+    Qwen3-MoE (64 experts, top 8, hidden 2048, 24 layers, expert width 768), bf16, with
+    50% and 25% of the weights resident (`--device-memory`) and all of them, 256
+    sequences of 32 tokens, against layer streaming (every layer and expert copied in
+    before it runs, fixed batches of 8: accelerate's CPU offload) on the same GPU; the
+    baseline runs the first 32 sequences (its batches are independent: its rate is the
+    same). `scripts/bench_offload_weights.py`'s runs, on the device."""
+    from bench_offload_weights import prompts_for, run
+
+    from shoal.nodes.worker.models.make_model import make_model
+
+    shapes = {"dense": ("qwen3-1.7b", None), "moe": ("moe-small", {
+        "num_experts": 64, "num_experts_per_tok": 8, "hidden_size": 2048, "num_hidden_layers": 24,
+        "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128})}
+    if not GPU:  # a dry run: tiny shapes in 16 layers (a quarter of them must hold two layer slots)
+        shapes = {"dense": ("tiny", {"num_hidden_layers": 16}), "moe": ("moe-tiny", {"num_hidden_layers": 16})}
+    n, out = (256, 32) if GPU else (8, 4)
+    figures, failures = {}, []
+    for name, (preset, overrides) in shapes.items():
+        model = Path(args.work) / f"w6-{name}"
+        if not (model / "config.json").exists():
+            make_model(model, preset=preset, dtype="bfloat16", overrides=overrides, tokenizer_text_chars=200_000)
+        vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
+        prompts = prompts_for(n, vocab)
+        base = run(str(model), prompts[: max(8, n // 8)], out, None, 8, 2048, device=DEVICE)
+        row = {"layer_streaming": base}
+        for fraction in (1.0, 0.5, 0.25):
+            try:
+                row[fraction] = run(str(model), prompts, out, fraction, 8, 2048, device=DEVICE)
+            except ValueError as e:  # the fixed part and two slots are the least a device holds
+                row[fraction] = {"error": str(e)}
+                failures.append(f"{name} at {fraction:.0%}: {e}")
+        figures[name] = row
+    lines = []
+    for name, row in figures.items():
+        full, base = row[1.0], row["layer_streaming"]
+        for fraction in (0.5, 0.25):
+            r = row[fraction]
+            if "error" in r:
+                continue
+            r["over_layer_streaming"] = r["tokens_per_s"] / base["tokens_per_s"]
+            r["of_resident"] = r["tokens_per_s"] / full["tokens_per_s"]
+            lines.append(f"{name} {fraction:.0%} resident: {r['tokens_per_s']:.0f} tok/s, "
+                         f"{r['over_layer_streaming']:.1f}x layer streaming, {r['of_resident']:.2f} of resident, "
+                         f"{r['bytes_per_token'] / 1e6:.1f} MB/token")
+    return {"ok": not failures, "failures": failures, "figures": figures, "line": "; ".join(lines)}
+
+
 SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2",
-            "structured", "streaming")
+            "structured", "streaming", "w6")
 NEEDS = {"greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
          "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
 
@@ -509,7 +558,7 @@ def main() -> int:
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
             "w2": lambda: w2(args), "structured": lambda: structured(args),
-            "streaming": lambda: streaming(args)}
+            "streaming": lambda: streaming(args), "w6": lambda: w6(args)}
     failed = False
     t_all = time.perf_counter()
     for name in SECTIONS:
