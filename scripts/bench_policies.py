@@ -40,6 +40,20 @@ def trace(name: str, scale: int, per_phase: int, seed: int = 0):
     raise SystemExit(f"unknown trace {name!r}")
 
 
+def predicted_sides(cm, phases) -> list[tuple[str, float, float, str]]:
+    """Per phase, the crossover condition's two sides (Prop. 4) from the calibration
+    alone, and the mode it says wins."""
+    out = []
+    for label, reqs, conc in phases:
+        mp = sum(q.prompt_len for q in reqs) / len(reqs)
+        mo = sum(q.output_len for q in reqs) / len(reqs)
+        th = eb_math.clamp_theta(eb_math.asymptotic_threshold(eb_math.hazard_rate(1 / mo), cm))
+        k = max(1, int(th * conc))
+        lhs, rhs = eb_math.crossover(cm, mp, mo, th, k, conc)
+        out.append((label, lhs, rhs, "EB" if lhs > rhs + 1e-5 else "MB" if lhs < rhs - 1e-5 else "either (within δ)"))
+    return out
+
+
 def run(engine, phases):
     """Closed loop over the phases; per phase: tokens computed and seconds."""
     queue = [(i, req, conc) for i, (_, reqs, conc) in enumerate(phases) for req in reqs]
@@ -105,13 +119,7 @@ def main() -> None:
             print(f"calibration ({cm.device}, {cm.dtype}): α_p {cm.alpha_p * 1e3:.1f} ms  β_p {cm.beta_p * 1e6:.0f} µs/tok  "
                   f"α_d {cm.alpha_d * 1e3:.1f} ms  β_d {cm.beta_d * 1e6:.0f} µs/seq  "
                   f"β_MB(r) = {cm.mb_a * 1e6:.0f} + {cm.mb_b * 1e6:.0f}r + {cm.mb_c * 1e6:.0f}r² µs/tok  R² {cm.r2}")
-            for label, reqs, conc in phases:
-                mp = sum(q.prompt_len for q in reqs) / len(reqs)
-                mo = sum(q.output_len for q in reqs) / len(reqs)
-                th = eb_math.clamp_theta(eb_math.asymptotic_threshold(eb_math.hazard_rate(1 / mo), cm))
-                k = max(1, int(th * conc))
-                lhs, rhs = eb_math.crossover(cm, mp, mo, th, k, conc)
-                side = "EB" if lhs > rhs + 1e-5 else "MB" if lhs < rhs - 1e-5 else "either (within δ)"
+            for label, lhs, rhs, side in predicted_sides(cm, phases):
                 print(f"  predicted {label}: LHS {lhs:.2e}  RHS {rhs:.2e}  -> {side}")
         per, total = run(engine, phases)
         results[policy] = {"phases": per, "total_time": total,

@@ -524,8 +524,44 @@ def w6(args) -> dict:
     return {"ok": not failures, "failures": failures, "figures": figures, "line": "; ".join(lines)}
 
 
+def w4(args) -> dict:
+    """W4-GPU: MB, EB and EB+ on the real engine under the distribution shift (prompt,
+    output) = (512,64) -> (256,256) -> (64,512) at 128 in flight (the paper's trace at half
+    its lengths and concurrency), the `qwen3-1.7b` preset in bf16: each phase's tokens/s
+    per policy, EB+ against the better pure mode (target: within 2%), and beside each
+    phase the mode the crossover condition predicts from the device's calibration."""
+    from bench_policies import predicted_sides, run, trace
+
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+
+    model = big_model(args) if GPU else small_model(args, "bfloat16")
+    phases = trace("shift", 2 if GPU else 64, 256 if GPU else 8)
+    results, predicted = {}, None
+    for policy in ("mb", "eb", "ebplus"):
+        eng = LLMEngine(model, EngineConfig(device=DEVICE, dtype="bfloat16", policy=policy))
+        if policy != "mb" and eng.policy_fallback:
+            return {"ok": False, "error": f"{policy} fell back to MB: {eng.policy_fallback}"}
+        if predicted is None and eng.cost_model is not None:
+            predicted = predicted_sides(eng.cost_model, phases)
+        per, total = run(eng, phases)
+        results[policy] = {"phases": [p["tokens"] / p["time"] for p in per], "total_s": total,
+                           "modes": [p["modes"] for p in per], "switches": list(getattr(eng.planner, "switches", []))}
+        del eng
+        release()
+    rows, worst = [], 1.0
+    for i, (label, _, _) in enumerate(phases):
+        tp = {p: results[p]["phases"][i] for p in results}
+        ratio = tp["ebplus"] / max(tp["mb"], tp["eb"])
+        worst = min(worst, ratio)
+        side = next((s for lbl, _, _, s in predicted or [] if lbl == label), "?")
+        rows.append(f"{label}: MB {tp['mb']:.0f}, EB {tp['eb']:.0f}, EB+ {tp['ebplus']:.0f} tok/s "
+                    f"(EB+/best {ratio:.3f}; measured best {'EB' if tp['eb'] > tp['mb'] else 'MB'}, predicted {side})")
+    return {"ok": True, "results": results, "predicted": predicted, "worst_ebplus_over_best": worst,
+            "line": "; ".join(rows)}
+
+
 SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2",
-            "structured", "streaming", "w6")
+            "structured", "streaming", "w4", "w6")
 NEEDS = {"greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
          "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
 
@@ -558,7 +594,8 @@ def main() -> int:
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
             "w2": lambda: w2(args), "structured": lambda: structured(args),
-            "streaming": lambda: streaming(args), "w6": lambda: w6(args)}
+            "streaming": lambda: streaming(args), "w4": lambda: w4(args),
+            "w6": lambda: w6(args)}
     failed = False
     t_all = time.perf_counter()
     for name in SECTIONS:
