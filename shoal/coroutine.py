@@ -69,7 +69,9 @@ class SequenceCoroutine:
             raise ProgramError(f"sequence {self.seq_id!r}: program {self.spec.name!r} yielded "
                                f"{type(op).__name__}, not an operation (Generate, Embed, Retrieve or Tokenize)")
         try:
-            self.current = _plain(op.to_dict())
+            # A Generate made from settings built once (the generate program's) is plain
+            # data already: its settings' wire form is only copied, not round-tripped.
+            self.current = op.plain_dict() if isinstance(op, Generate) and op.is_plain else _plain(op.to_dict())
         except TypeError as e:  # e.g. a set or a numpy scalar in a prompt
             raise self._fail("yielded an operation that is not plain data", e) from None
         return op

@@ -66,6 +66,7 @@ class Generate:
         self.n = n
         self.params = SamplingParams(**params)
         self._params_wire = None
+        self.is_plain = False
 
     @classmethod
     def of_settings(cls, settings: "ResolvedSettings", prompt: str | None = None,
@@ -75,7 +76,17 @@ class Generate:
         op = cls.__new__(cls)
         op._set_prompt(prompt, prompt_token_ids, messages)
         op.n, op.params, op._params_wire = settings.n, settings.params, settings.wire
+        # Token ids of plain ints and no chat: the op is plain data as it stands.
+        op.is_plain = messages is None and (prompt_token_ids is None or set(map(type, op.prompt_token_ids)) <= {int})
         return op
+
+    def plain_dict(self) -> dict:
+        """`to_dict()` as fresh plain data, for an op whose parts are plain already."""
+        d = self.to_dict()
+        d["params"] = orjson.loads(orjson.dumps(d["params"])) if self.params.json_schema is not None else dict(d["params"])
+        if d["prompt_token_ids"] is not None:
+            d["prompt_token_ids"] = list(d["prompt_token_ids"])
+        return d
 
     def _set_prompt(self, prompt, prompt_token_ids, messages) -> None:
         if sum(x is not None for x in (prompt, prompt_token_ids, messages)) != 1:

@@ -33,6 +33,8 @@ from shoal.scheduler.step_planner import MixedBatchPlanner, PlannerConfig, SeqVi
 
 log = logging.getLogger(__name__)
 
+_INT_TYPES = {int, bool}  # what isinstance(t, int) takes among a prompt's token ids
+
 
 def queue_order(seq: Sequence) -> tuple:
     """Where a sequence waits: programs under way first, then by arrival."""
@@ -184,7 +186,9 @@ class LLMEngine:
         cfg = self.model_cfg
         if not ids:
             raise RequestError(f"sequence {seq_id!r}: empty prompt")
-        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < cfg.vocab_size), None)
+        # The common case in C (a per-token Python check was 4% of a worker's time on short prompts).
+        fine = set(map(type, ids)) <= _INT_TYPES and min(ids) >= 0 and max(ids) < cfg.vocab_size
+        bad = None if fine else next((t for t in ids if not isinstance(t, int) or not 0 <= t < cfg.vocab_size), None)
         if bad is not None:
             raise RequestError(f"sequence {seq_id!r}: token id {bad!r} outside the vocabulary [0, {cfg.vocab_size})")
         if len(ids) >= cfg.max_position_embeddings:
