@@ -144,7 +144,9 @@ def run_vllm_lockstep(data: Path, n: int, kv_cache_gib: int | None) -> dict:
 # -- Shoal's engine, the same lockstep rounds ----------------------------------------------
 
 
-def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None) -> dict:
+def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None, device: str | None = None) -> dict:
+    """`device`: where the engine and the encoder run (None: the engine's default, the
+    encoder on the host in fp32, as on a CPU; on a GPU both there, the encoder in fp16)."""
     import numpy as np
 
     from shoal.coroutine import Finished, SequenceCoroutine
@@ -156,8 +158,11 @@ def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None) -> dict:
     items = read_jsonl(data / "questions.jsonl")[:n]
     passages = read_jsonl(data / "passages.jsonl")
     vectors = np.load(data / "vectors.npy")
-    engine = LLMEngine(str(data / "model"), EngineConfig(kv_cache_bytes=kv_cache_bytes))
-    encoder = Encoder(meta["encoder"])
+    import torch
+
+    engine = LLMEngine(str(data / "model"), EngineConfig(kv_cache_bytes=kv_cache_bytes, device=device or "auto"))
+    on_gpu = device is not None and device.startswith("cuda")
+    encoder = Encoder(meta["encoder"], dtype=torch.float16 if on_gpu else torch.float32, device=device or "cpu")
     spec = resolve_program("w3")
     times = {"encode": 0.0, "search": 0.0}
 

@@ -524,6 +524,40 @@ def w6(args) -> dict:
     return {"ok": not failures, "failures": failures, "figures": figures, "line": "; ".join(lines)}
 
 
+def w3(args) -> dict:
+    """W3-GPU, the main job where it is meant to run: the `w3` program (IRCoT-shaped
+    questions: thoughts, retrievals, an answer) through a local cluster on the GPU, the
+    decoder of the `qwen3-1.7b` preset's shape and a MiniLM-shaped encoder on the same
+    GPU, against lockstep rounds on Shoal's own engine on the same GPU (the FlashRAG way:
+    one batched generate per round, then one encode and one search). Target: 1.5x or
+    more. Where each side's time went is in the figures (`scripts/bench_w3.py`'s runs)."""
+    from bench_w3 import read_jsonl, run_shoal_cluster, run_shoal_lockstep
+
+    from shoal.examples.w3_data import workload, write_w3
+    from shoal.nodes.worker.models.make_encoder import make_encoder
+
+    encoder = Path(args.work) / "encoder-minilm"
+    if not (encoder / "config.json").exists():  # as the w2 section makes it
+        make_encoder(encoder, None, max_seq_length=256, hidden=384, layers=6, heads=12, intermediate=1536)
+    data = Path(args.work) / ("w3" if GPU else "w3-dry")
+    n = 256 if GPU else 12
+    meta = write_w3(data, encoder, n_passages=3000 if GPU else 300, n_questions=n,
+                    preset="qwen3-1.7b" if GPU else "tiny")
+    (data / "w3.json").write_text(json.dumps({**meta, "encoder": str(encoder), "dtype": "bfloat16"}, indent=2))
+    want = workload(read_jsonl(data / "questions.jsonl")[:n])
+    lockstep = run_shoal_lockstep(data, n, None, device=DEVICE)
+    release()
+    cluster = run_shoal_cluster(data, n, None, [])
+    wrong = [f"{name}: {side[k]} {k}, the questions ask {want[k]}" for name, side in
+             (("lockstep", lockstep), ("cluster", cluster)) for k in ("generated_tokens", "retrievals")
+             if side[k] != want[k]]
+    ratio = lockstep["wall"] / cluster["wall"]
+    return {"ok": not wrong, "failures": wrong, "lockstep": lockstep, "cluster": cluster, "ratio": ratio,
+            "line": f"{n} questions: the cluster {cluster['wall']:.1f} s, lockstep rounds {lockstep['wall']:.1f} s "
+                    f"({lockstep['rounds']} rounds): {ratio:.2f}x (target 1.5x); mean batch "
+                    f"{cluster['mean_batch']:.0f} against {lockstep['mean_batch']:.0f}"}
+
+
 def w4(args) -> dict:
     """W4-GPU: MB, EB and EB+ on the real engine under the distribution shift (prompt,
     output) = (512,64) -> (256,256) -> (64,512) at 128 in flight (the paper's trace at half
@@ -561,8 +595,8 @@ def w4(args) -> dict:
 
 
 SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2",
-            "structured", "streaming", "w4", "w6")
-NEEDS = {"greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
+            "structured", "streaming", "w3", "w4", "w6")
+NEEDS = {"w3": ["zmq", "orjson", "etcd3"], "greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
          "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
 
 
@@ -594,7 +628,7 @@ def main() -> int:
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
             "w2": lambda: w2(args), "structured": lambda: structured(args),
-            "streaming": lambda: streaming(args), "w4": lambda: w4(args),
+            "streaming": lambda: streaming(args), "w3": lambda: w3(args), "w4": lambda: w4(args),
             "w6": lambda: w6(args)}
     failed = False
     t_all = time.perf_counter()

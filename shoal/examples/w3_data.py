@@ -82,16 +82,18 @@ def _digest(rows: list[dict]) -> str:
     return hashlib.sha256(b"".join(orjson.dumps(r) + b"\n" for r in rows)).hexdigest()[:16]
 
 
-def make_decoder(folder: str | Path, encoder: str | Path, dtype: str = "bfloat16") -> Path:
+def make_decoder(folder: str | Path, encoder: str | Path, dtype: str = "bfloat16", preset: str = "small") -> Path:
     from shoal.nodes.worker.models.make_model import make_model
 
     if not Path(folder, "model.safetensors").exists():
-        make_model(folder, preset="small", dtype=dtype, tokenizer=encoder)
+        make_model(folder, preset=preset, dtype=dtype, tokenizer=encoder)
     return Path(folder)
 
 
-def write_w3(folder: str | Path, encoder: str | Path, n_passages: int = 3000, n_questions: int = 256) -> dict:
-    """Writes (or reuses, when its hashes match) the W3 data under `folder`."""
+def write_w3(folder: str | Path, encoder: str | Path, n_passages: int = 3000, n_questions: int = 256,
+             preset: str = "small") -> dict:
+    """Writes (or reuses, when its hashes match) the W3 data under `folder`; the decoder
+    is of `preset`'s shape (the GPU check takes `qwen3-1.7b`'s)."""
     import numpy as np
 
     folder = Path(folder)
@@ -106,7 +108,7 @@ def write_w3(folder: str | Path, encoder: str | Path, n_passages: int = 3000, n_
         return {**orjson.loads(done.read_bytes()), **meta}
     (folder / "passages.jsonl").write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in corpus))
     (folder / "questions.jsonl").write_bytes(b"".join(orjson.dumps(q) + b"\n" for q in items))
-    make_decoder(folder / "model", encoder)
+    make_decoder(folder / "model", encoder, preset=preset)
     from shoal.nodes.worker.models.encoder import Encoder
     from shoal.vector_index import write_index
 
