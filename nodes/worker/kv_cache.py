@@ -22,6 +22,12 @@ def bytes_per_token(cfg: DecoderConfig, dtype: torch.dtype) -> int:
 # chunk's tail): five tensor ops on a handful of positions cost more than the list.
 SHORT_SPAN = 64
 
+
+def slot_ints(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Cache slots of positions [start, end) as Python ints: for a short span, cheaper
+    than any tensor op."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
 class KVCache:
     def __init__(self, cfg: DecoderConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                  prefault_bytes: int = 0, device: torch.device | str = "cpu"):
@@ -58,7 +64,7 @@ class KVCache:
         step's inputs travel to the device together: `model_runner.stage`)."""
         bs = self.block_size
         if end - start <= SHORT_SPAN:  # one small tensor from a list: a fifth of the tensor ops' overhead
-            return torch.tensor([block_table[p // bs] * bs + p % bs for p in range(start, end)], dtype=torch.long)
+            return torch.tensor(slot_ints(block_table, start, end, bs), dtype=torch.long)
         table = torch.tensor(block_table, dtype=torch.long)
         pos = torch.arange(start, end)
         return table[pos // bs] * bs + pos % bs

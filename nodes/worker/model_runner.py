@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from shoal.nodes.worker.attention import AttentionMetadata, PrefillSpan, chunk_mask
-from shoal.nodes.worker.kv_cache import SHORT_SPAN, KVCache
+from shoal.nodes.worker.kv_cache import SHORT_SPAN, KVCache, slot_ints as cache_slot_ints
 from shoal.nodes.worker.models.decoder import DecoderLM
 from shoal.nodes.worker.sequence import Sequence
 
@@ -74,8 +74,7 @@ class ModelRunner:
                 ids.extend(seq.tokens(start, end))
                 pos.extend(range(start, end))
                 if n <= SHORT_SPAN and not by_sdpa:  # as ints, into one tensor for the step
-                    table_ = seq.block_table
-                    slot_ints.extend(table_[p // bs] * bs + p % bs for p in range(start, end))
+                    slot_ints.extend(cache_slot_ints(seq.block_table, start, end, bs))
                 else:  # the ints so far, then this span's own tensor (a prefill span may keep it)
                     slot_parts.append(torch.tensor(slot_ints, dtype=torch.long))
                     slot_ints = []
