@@ -270,7 +270,8 @@ class ProgramRunner:
         `idle_wait` and nothing to run, it blocks briefly on an executor; a loop with
         other work (SuperBatches) passes False."""
         done = []
-        if self.engine.has_unfinished():
+        stepped = self.engine.has_unfinished()
+        if stepped:
             for o in self.engine.step():
                 if len(o.seq_id) == 3:
                     done += self._sample_done(o)
@@ -289,9 +290,11 @@ class ProgramRunner:
                 polled += 1
                 done += self._fail(key, _message(key[1], result)) if isinstance(result, Exception) \
                     else self._resume(key, result)
-        if idle_wait and not polled and not self.engine.has_unfinished():
+        if idle_wait and not stepped and not polled and self.coros and not self.engine.has_unfinished():
             # Every sequence waits on another executor: block on one briefly instead of
-            # spinning a core (new assignments wait at most this long).
+            # spinning a core (new assignments wait at most this long). Not after a step
+            # that ran: what it finished may have emptied the engine while the inbox
+            # holds the next assignment (a 20 ms wait per step starved one-token jobs).
             for ex in self.executors.values():
                 if hasattr(ex, "wait"):
                     ex.wait(0.02)
