@@ -17,6 +17,7 @@ import time
 import zmq
 
 from shoal.transport import sockets
+from shoal.nodes.process_memory import freeze_startup_heap
 from shoal.protocol.codec import Message, decode, encode, error_reply
 from shoal.protocol.errors import ProtocolError
 
@@ -303,6 +304,7 @@ def run_node(node: Node, metrics_port: int | None = None, metrics_host: str = "1
         node.serve_metrics(metrics_port, metrics_host)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     signal.signal(signal.SIGINT, lambda *_: node.stop())
+    freeze_startup_heap()
     print(f"{node.role}: {node.address}", flush=True)
     node.serve_forever()
     return node.exit_code
