@@ -1,8 +1,8 @@
 """Ship a moving sequence's KV or re-prefill it, over a real rate-limited link, at three
 link rates, against what the rule (`scheduler/kv_transfer.py`) chose.
 
-A network namespace stands for the target's host: a veth pair joins it to this one, both
-ends rate-limited with tbf (and delayed with netem where the kernel has it). Two engines
+A network namespace stands for the target's host, joined to this one by a link with the
+given rate and one-way delay (`link_emulator.py`, a user-space switch on TAP devices). Two engines
 in this process compute the moves (as `bench_migration.py` does); the KV blob crosses
 the shaped link to a receiver in the namespace in 4 MiB chunks, each acknowledged, as
 the mover sends it. For each rate and prompt length: the measured ship and re-prefill
@@ -40,41 +40,37 @@ while True:
 """
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 class ShapedLink:
-    """This namespace (10.215.0.1) joined to namespace `shoal-link` (10.215.0.2) by a veth pair."""
+    """This namespace (10.215.0.1) joined to namespace `shoal-link` (10.215.0.2) through
+    the user-space link emulator (`link_emulator.py`: rate, delay and loss on kernels
+    without netem)."""
 
-    NS, OUT, IN = "shoal-link", "shl-out", "shl-in"
+    NS, GATEWAY = "shoal-link", "shl-gw"
 
     def __enter__(self):
         self.close()
-        ip("netns", "add", self.NS)
-        ip("link", "add", self.OUT, "type", "veth", "peer", "name", self.IN, "netns", self.NS)
-        ip("addr", "add", "10.215.0.1/30", "dev", self.OUT)
-        ip("link", "set", self.OUT, "up")
-        for args in (("addr", "add", "10.215.0.2/30", "dev", self.IN), ("link", "set", self.IN, "up"),
-                     ("link", "set", "lo", "up")):
-            ip("-n", self.NS, *args)
+        subprocess.run(["ip", "netns", "add", self.NS], check=True, capture_output=True)
+        self.switch = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "link_emulator.py"),
+                                        "--gateway", f"{self.GATEWAY}=10.215.0.1/24", "--host", f"{self.NS}=10.215.0.2/24"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if self.switch.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the link emulator did not start (exit {self.switch.wait(10)})")
         return self
 
     def shape(self, mbit: int, delay_ms: float) -> str:
-        applied = f"{mbit} Mbit/s"
-        for run, dev in (([], self.OUT), (["ip", "netns", "exec", self.NS], self.IN)):
-            netem = subprocess.run([*run, "tc", "qdisc", "replace", "dev", dev, "root", "netem", "delay",
-                                    f"{delay_ms}ms", "rate", f"{mbit}mbit"], capture_output=True)
-            if netem.returncode == 0:
-                applied = f"{mbit} Mbit/s, {delay_ms} ms each way (netem)"
-                continue
-            subprocess.run([*run, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
-                            "burst", "256kb", "latency", "200ms"], check=True, capture_output=True)
-            applied = f"{mbit} Mbit/s (tbf; no netem in this kernel: no added delay)"
-        return applied
+        self.switch.stdin.write(f"shape {self.NS} {mbit} {delay_ms} 0\n")
+        self.switch.stdin.flush()
+        answer = self.switch.stdout.readline().strip()
+        if answer != "ok":
+            raise SystemExit(f"link emulator: {answer}")
+        return f"{mbit} Mbit/s, {delay_ms} ms each way"
 
     def close(self, *exc) -> None:
-        subprocess.run(["ip", "link", "del", self.OUT], capture_output=True)
+        switch = getattr(self, "switch", None)
+        if switch is not None:
+            switch.stdin.close()
+            switch.wait(timeout=10)
+            self.switch = None
         subprocess.run(["ip", "netns", "del", self.NS], capture_output=True)
 
     __exit__ = close
@@ -112,7 +108,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rates", default="10,100,1000", help="link rates in Mbit/s")
     ap.add_argument("--lengths", default="256,1024")
-    ap.add_argument("--delay-ms", type=float, default=1.0, help="one-way delay, where the kernel has netem")
+    ap.add_argument("--delay-ms", type=float, default=1.0, help="one-way delay of the link")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if os.geteuid() != 0:

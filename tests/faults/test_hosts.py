@@ -80,7 +80,7 @@ def kill_host(tmp_path, name: str) -> int:
 def test_three_hosts_over_shaped_links_a_cut_and_a_lost_host(tiny_model, minilm, tmp_path):
     hosts = {HEAD: "head", WORKER_A: "wa", WORKER_B: "wb"}
     with NetnsHosts(3) as net, EtcdServer(tmp_path / "etcd", host=net.gateway) as etcd:
-        shaped = [net.shape(k, rate_mbit=100, delay_ms=2, loss_pct=0.1) for k in hosts]
+        shaped = [net.shape(k, rate_mbit=100, delay_ms=2, loss_pct=0.5) for k in hosts]
         (tmp_path / "data").mkdir()  # a data root is a folder that exists when storage starts
         path = cluster_file(tmp_path, net, etcd.endpoint, tiny_model, minilm)
         try:
@@ -117,6 +117,10 @@ def test_three_hosts_over_shaped_links_a_cut_and_a_lost_host(tiny_model, minilm,
                 assert all(len(h["passages"]) == 3 for h in got["hops"])
                 cmp = compare_rag(got, alone)
                 assert cmp, f"{it['id']}: {cmp.detail}"
+
+            crossed = net.stats()  # the links were lossy: frames were lost on them, and TCP made up for it
+            print("frames before the cut:", crossed)
+            assert sum(p["dropped"] for p in crossed.values()) > 0, crossed
 
             cut = client.submit(items, params=PARAMS.to_dict(), job_key="link-cut")
             wait_for_progress(cut, 3)
