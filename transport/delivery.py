@@ -50,8 +50,12 @@ def deliver(clients: RpcClients, address: Callable[[], str | None], msg_type: st
         if not to:
             return None
         try:
-            return clients(to).request(msg_type, fields, blobs, timeout=timeout, abandon=lambda: address() != to)
+            # Abandoned when stopping too: the caller's thread is joined before its sockets close.
+            return clients(to).request(msg_type, fields, blobs, timeout=timeout,
+                                       abandon=lambda: stop.is_set() or address() != to)
         except (TimeoutError, RemoteError, OSError) as e:
+            if stop.is_set():
+                return None
             log.warning("[deliver] %s to %s not acknowledged (%s); retrying", what or msg_type, to, e)
             time.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)

@@ -8,7 +8,8 @@ job, made durable before the job is accepted; the scheduler then reads it in pag
 neither it nor any message ever holds a whole large input.
 
 Layout under the node's directory:
-    uploads/<upload_id>/<index>.part   chunks as received (a re-sent chunk replaces itself)
+    uploads/<upload_id>/<index>.part   chunks as received (a re-sent chunk replaces itself; one
+                                       upload per submit call, swept when abandoned)
     jobs/<job_id>/input.jsonl          the checked, normalized items, in input order
     jobs/<job_id>/input.json           {"total": N}; written last, so it marks a complete ingest
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +28,7 @@ import orjson
 from shoal.generate_input import MAX_ITEM_BYTES, InputError, ItemChecker, parse_jsonl, read_records
 
 STRIDE = 1024  # one line offset kept per this many items: pages are read in order, so the skip is rare
+UPLOAD_TTL_S = 24 * 3600  # an upload no chunk arrived for in this long was abandoned (its client failed mid-way)
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
@@ -66,6 +69,22 @@ class InputStore:
         d = self.root / "uploads" / check_name("upload_id", upload_id)
         d.mkdir(parents=True, exist_ok=True)
         write_atomic(d / f"{index:08d}.part", data)
+
+    def sweep_uploads(self, max_age_s: float = UPLOAD_TTL_S, now: float | None = None) -> int:
+        """Removes uploads abandoned part-way (the client failed or gave up before its
+        submit): none of their chunks written for `max_age_s`. Each submit uploads under
+        an id of its own, so such a leftover is never read; this only frees its space."""
+        now = time.time() if now is None else now
+        removed = 0
+        for d in (self.root / "uploads").glob("*") if (self.root / "uploads").is_dir() else ():
+            try:
+                newest = max((p.stat().st_mtime for p in d.iterdir()), default=d.stat().st_mtime)
+            except OSError:  # removed meanwhile
+                continue
+            if now - newest > max_age_s:
+                shutil.rmtree(d, ignore_errors=True)
+                removed += 1
+        return removed
 
     def _upload_lines(self, upload_id: str) -> Iterator[bytes]:
         d = self.root / "uploads" / check_name("upload_id", upload_id)

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 READ_LIMIT = 1000  # records per ResultBatch
 INPUT_PAGE_BYTES = BATCH_BYTES  # items (and checkpoints) travel in the header: under its cap
 COMPACTION_RETRY_S = 30.0  # a job whose shards the disk had no room for is compacted again after this
+UPLOAD_SWEEP_S = 3600.0  # how often abandoned uploads are looked for
 
 
 class AfterCommit(NamedTuple):
@@ -92,6 +93,7 @@ class StorageNode(Node):
         self.logs: dict[str, ResultLog] = {}
         self.checkpoints: dict[str, CheckpointStore] = {}
         self.inputs = InputStore(self.dir, max_item_bytes)
+        self._uploads_swept = 0.0  # when abandoned uploads were last looked for (at start, then hourly)
         self.job_log = JobLog(self.dir / "control" / "jobs.jsonl")
         self.compacted: set[str] = {p.parent.name for p in (self.dir / "jobs").glob("*/results.jsonl")}
         self._compactions: list[threading.Thread] = []
@@ -325,6 +327,10 @@ class StorageNode(Node):
     def tick(self) -> None:
         self._answer(r for _, r in self.parked.take_due(time.monotonic()))
         self._shard_again()
+        if time.monotonic() - self._uploads_swept > UPLOAD_SWEEP_S or not self._uploads_swept:
+            self._uploads_swept = time.monotonic()
+            if removed := self.inputs.sweep_uploads():
+                log.info("[input] removed %d uploads abandoned part-way", removed)
 
     def poll_timeout_ms(self) -> int:
         deadline = self.parked.next_deadline()

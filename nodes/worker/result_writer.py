@@ -59,6 +59,14 @@ class ResultWriter:
     def start(self) -> None:
         self._thread.start()
 
+    def join(self, timeout: float) -> bool:
+        """After `stop` is set: waits for the thread to leave its delivery (its sockets may
+        be closed only then: a zmq socket is not closed under another thread's poll).
+        True when it has ended."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def put(self, q: queue.Queue, entry) -> None:
         q.put(entry)
         self._wake.set()

@@ -430,6 +430,8 @@ class WorkerNode(Node):
         if self.superbatches is not None:
             self.superbatches.close()
         self.mover.close()
+        if not self.writer.join(2.0):
+            log.warning("[shutdown] the result writer is still delivering; closing its sockets anyway")
         super().close()
 
     def held_count(self) -> int:

@@ -172,7 +172,10 @@ class Client:
         if input_path is not None:
             fields["input_path"] = str(Path(input_path).resolve())
         else:
-            upload_id = "u-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+            # One upload per call: a call that failed part-way (an item that cannot be
+            # encoded, the client killed) must leave no chunk that a later call with the
+            # same key, and a shorter input, would read as its own.
+            upload_id = "u-" + hashlib.blake2b(f"{key}:{uuid.uuid4().hex}".encode(), digest_size=8).hexdigest()
             if self._upload(upload_id, items):
                 fields["upload_id"] = upload_id
             else:

@@ -111,3 +111,22 @@ def test_batches_are_cut_by_encoded_size():
 
     assert by_size([3, 3, 3, 9, 1], lambda n: n, limit=6) == [[3, 3], [3], [9], [1]]
     assert by_size([], len) == []
+
+
+def test_uploads_abandoned_part_way_are_swept_and_others_kept(tmp_path):
+    import os
+    import time
+
+    store = InputStore(tmp_path)
+    store.put_chunk("u-old", 0, b'{"id": 1, "prompt": "a"}\n')
+    store.put_chunk("u-old", 1, b'{"id": 2, "prompt": "b"}\n')
+    store.put_chunk("u-live", 0, b'{"id": 1, "prompt": "a"}\n')
+    day_ago = time.time() - 25 * 3600
+    for p in (tmp_path / "uploads" / "u-old").iterdir():
+        os.utime(p, (day_ago, day_ago))
+    assert store.sweep_uploads() == 1
+    assert sorted(p.name for p in (tmp_path / "uploads").iterdir()) == ["u-live"]
+    # The upload still being sent is kept, and ingests whole.
+    store.put_chunk("u-live", 1, b'{"id": 2, "prompt": "b"}\n')
+    assert store.ingest("j", upload_id="u-live") == 2
+    assert store.sweep_uploads(now=time.time() + 10 * 24 * 3600) == 0  # nothing left to sweep

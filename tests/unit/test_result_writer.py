@@ -45,4 +45,5 @@ def test_unwritten_covers_queued_and_in_flight_results():
         assert writer.unwritten() == {"j": {0, 1, 2}, "k": {"a"}}
     finally:
         stop.set()
+        assert writer.join(5.0), "the writer did not leave its delivery once stopped"
         ctx.destroy(linger=0)
