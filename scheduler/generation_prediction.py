@@ -5,9 +5,10 @@ costs α_p + β_p·L, a decode step of k sequences α_d + β_d·k, a mixed step 
 plus both terms) and the limits its planner works within (policy, step budget, batch
 size, KV cache). The prediction runs the job's sequences through the same planners the
 engines run, on the virtual clock of `scheduler/sim/simulator.py`, charging each step
-what the calibration says it costs. The items are dealt to the workers in turn (the
-scheduler spreads a job's sequences by free capacity; for workers of one kind that is
-an even split), and the job takes as long as its slowest worker.
+what the calibration says it costs. The items are dealt to the workers in turn, an
+item's n samples together (the scheduler spreads a job's sequences by free capacity; for
+workers of one kind that is an even split), and the job takes as long as its slowest
+worker.
 
 What it does not see: the time before the first step (the submit, the input's check),
 and the cluster's own per-item work around the engine. A sequence's output length is
@@ -93,10 +94,19 @@ def simulate_worker(shape: WorkerShape, lengths: list[tuple[int, int]]) -> tuple
 
 
 def predict_generation(lengths: list[tuple[int, int]], workers: list[WorkerShape],
-                       upper_bound: bool = False) -> GenerationPrediction:
-    """The job of these (prompt tokens, output tokens) sequences on these workers."""
+                       upper_bound: bool = False, per_item: list[int] | None = None) -> GenerationPrediction:
+    """The job of these (prompt tokens, output tokens) sequences on these workers.
+    `per_item`: how many of the consecutive sequences each item has (its n samples run
+    on one worker, as the scheduler places them); None: one each."""
     if not workers:
         raise ValueError("no worker to predict for")
-    runs = [simulate_worker(w, lengths[k::len(workers)]) for k, w in enumerate(workers)]
+    if per_item is not None and sum(per_item) != len(lengths):
+        raise ValueError(f"per_item counts {sum(per_item)} sequences, lengths has {len(lengths)}")
+    shares: list[list[tuple[int, int]]] = [[] for _ in workers]
+    start = 0
+    for k, n in enumerate(per_item if per_item is not None else [1] * len(lengths)):
+        shares[k % len(workers)] += lengths[start:start + n]
+        start += n
+    runs = [simulate_worker(w, share) for w, share in zip(workers, shares)]
     return GenerationPrediction(max(t for t, _ in runs), sum(o for _, o in lengths), sum(s for _, s in runs),
                                 len(workers), upper_bound)

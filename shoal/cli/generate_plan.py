@@ -25,13 +25,14 @@ def worker_shapes(members: list[dict]) -> list[WorkerShape]:
     return shapes
 
 
-def item_lengths(records: list[dict], job, model_dir: str) -> tuple[list[tuple[int, int]], bool]:
-    """(prompt tokens, output tokens) per sequence (n per item), and whether any output
-    length is only a bound (a sequence that may end before its max_tokens)."""
+def item_lengths(records: list[dict], job, model_dir: str) -> tuple[list[tuple[int, int]], list[int], bool]:
+    """(prompt tokens, output tokens) per sequence (n per item), each item's n, and
+    whether any output length is only a bound (a sequence that may end before its
+    max_tokens)."""
     from shoal.nodes.worker.tokenizer import TextTokenizer
 
     tokenizer = None
-    lengths, bound = [], False
+    lengths, per_item, bound = [], [], False
     for rec in records:
         settings = job.resolve(rec)
         if rec.get("prompt_token_ids") is not None:
@@ -43,18 +44,19 @@ def item_lengths(records: list[dict], job, model_dir: str) -> tuple[list[tuple[i
         sampling = settings.sampling
         bound |= not sampling.ignore_eos
         lengths += [(prompt, sampling.max_tokens)] * settings.n
-    return lengths, bound
+        per_item.append(settings.n)
+    return lengths, per_item, bound
 
 
 def predict_items(client, records: list[dict], job, model_dir: str) -> GenerationPrediction:
     import logging
 
     shapes = worker_shapes(client.cluster_info())
-    lengths, bound = item_lengths(records, job, model_dir)
+    lengths, per_item, bound = item_lengths(records, job, model_dir)
     quiet = logging.getLogger("shoal.scheduler")  # the simulated planners' mode switches are not news
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        return predict_generation(lengths, shapes, upper_bound=bound)
+        return predict_generation(lengths, shapes, upper_bound=bound, per_item=per_item)
     finally:
         quiet.setLevel(level)

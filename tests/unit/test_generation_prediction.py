@@ -30,6 +30,19 @@ def test_two_workers_split_the_job_and_it_takes_its_slowest_worker():
     assert two.seconds == pytest.approx(half.seconds) and two.seconds < one.seconds and two.workers == 2
 
 
+def test_an_items_samples_run_on_one_worker():
+    """Eight items of n=4 on two workers: four items (16 sequences) each, never a split item."""
+    lengths = [(40 + i, 12) for i in range(8) for _ in range(4)]
+    two = predict_generation(lengths, [shape(), shape()], per_item=[4] * 8)
+    alone = predict_generation([x for i in range(1, 8, 2) for x in lengths[4 * i:4 * i + 4]], [shape()])  # the slower share
+    assert two.seconds == pytest.approx(alone.seconds) and two.output_tokens == 32 * 12
+    # Two items of n=4 on two workers: one each, so as long as one item alone.
+    pair = predict_generation(lengths[:8], [shape(), shape()], per_item=[4, 4])
+    assert pair.seconds == pytest.approx(predict_generation(lengths[4:8], [shape()]).seconds)  # the slower item
+    with pytest.raises(ValueError, match="per_item counts 7"):
+        predict_generation(lengths[:8], [shape()], per_item=[4, 3])
+
+
 @pytest.mark.parametrize("policy", ["mb", "eb", "ebplus"])
 def test_every_policy_finishes_every_token_within_its_budget(policy):
     lengths = [(30 + 7 * (i % 11), 5 + i % 13) for i in range(300)]
