@@ -30,6 +30,7 @@ import errno
 import fcntl
 import heapq
 import json
+import math
 import os
 import random
 import select
@@ -153,7 +154,11 @@ class Switch:
         if port is None:
             return f"error: no port {words[1] if len(words) > 1 else ''!r} (ports: {', '.join(self.ports)})"
         if words[0] == "shape" and len(words) == 5:
-            port.shape(float(words[2]), float(words[3]), float(words[4]))
+            try:
+                rate, delay, loss = (float(w) for w in words[2:])
+            except ValueError:
+                return f"error: shape needs numbers: {line.strip()!r}"
+            port.shape(rate, delay, loss)
         elif words[0] in ("cut", "heal"):
             port.cut = words[0] == "cut"
         else:
@@ -195,16 +200,18 @@ def make_ports(gateway: str, hosts: list[str], tag: str) -> list[Port]:
 
 def serve(switch: Switch) -> None:
     poller = select.poll()
-    stdin = sys.stdin.fileno()
-    os.set_blocking(stdin, False)
+    stdin = sys.stdin.fileno()  # read with os.read after poll says so: blocking mode stays (a terminal's
+    # stdin and stdout are one file, and non-blocking would break the answers printed on it)
     poller.register(stdin, select.POLLIN)
     for fd in switch.by_fd:
         poller.register(fd, select.POLLIN)
     pending = b""
     while True:
         due = switch.next_due()
-        wait_ms = 200.0 if due is None else min(200.0, max(0.0, (due - time.monotonic()) * 1000))
-        for fd, _ in poller.poll(wait_ms):  # a fraction of a millisecond is rounded up, never down
+        # poll waits whole milliseconds, rounding up: wait the whole ones and spin the rest, so that
+        # a frame is not delivered up to a millisecond late.
+        wait_ms = 200 if due is None else min(200, max(0, math.floor((due - time.monotonic()) * 1000)))
+        for fd, _ in poller.poll(wait_ms):
             if fd == stdin:
                 data = os.read(stdin, 4096)
                 if not data:
@@ -214,11 +221,19 @@ def serve(switch: Switch) -> None:
                     line, pending = pending.split(b"\n", 1)
                     print(switch.command(line.decode()), flush=True)
                 continue
-            port, now = switch.by_fd[fd], time.monotonic()
+            port, now = switch.by_fd.get(fd), time.monotonic()
+            if port is None:
+                continue
             for _ in range(64):  # bounded, so one busy port cannot starve the others
                 try:
                     frame = os.read(fd, MTU + 64)
                 except BlockingIOError:
+                    break
+                except OSError as e:  # its device is gone (the namespace deleted): the port with it
+                    print(f"port {port.name} closed: {e}", file=sys.stderr, flush=True)
+                    poller.unregister(fd)
+                    del switch.by_fd[fd]
+                    port.cut = True
                     break
                 switch.receive(port, frame, now)
         switch.run_due(time.monotonic())

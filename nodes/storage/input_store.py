@@ -148,8 +148,10 @@ class InputStore:
                     total += 1
                 out.flush()
                 os.fsync(out.fileno())
-        except BaseException:  # a bad item or a full disk: nothing half-written stays
+        except BaseException as e:  # a bad item or a full disk: nothing half-written stays
             tmp.unlink(missing_ok=True)
+            if upload_id and isinstance(e, InputError):  # a corrected input comes as an upload of its own;
+                shutil.rmtree(self.root / "uploads" / upload_id, ignore_errors=True)  # a full disk's is retried
             raise
         os.replace(tmp, d / "input.jsonl")
         write_atomic(d / "input.json", orjson.dumps({"total": total}))

@@ -328,9 +328,12 @@ class StorageNode(Node):
         self._answer(r for _, r in self.parked.take_due(time.monotonic()))
         self._shard_again()
         if time.monotonic() - self._uploads_swept > UPLOAD_SWEEP_S or not self._uploads_swept:
-            self._uploads_swept = time.monotonic()
-            if removed := self.inputs.sweep_uploads():
-                log.info("[input] removed %d uploads abandoned part-way", removed)
+            self._uploads_swept = time.monotonic()  # on a thread: a large leftover takes a while to delete
+            threading.Thread(target=self._sweep_uploads, name="upload-sweep", daemon=True).start()
+
+    def _sweep_uploads(self) -> None:
+        if removed := self.inputs.sweep_uploads():
+            log.info("[input] removed %d uploads abandoned part-way", removed)
 
     def poll_timeout_ms(self) -> int:
         deadline = self.parked.next_deadline()

@@ -28,6 +28,10 @@ WRITE_BATCH = 256  # entries taken off a queue per delivery
 WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 
+class _Stopped(Exception):
+    """A delivery abandoned because the node is stopping: it was not acknowledged."""
+
+
 class ResultWriter:
     def __init__(self, node_id: str, clients: RpcClients, jobs: dict, storage_of: Callable[[dict], str],
                  stored: Callable[[str, list], None], held_count: Callable[[], int], counters, stop: threading.Event,
@@ -117,18 +121,28 @@ class ResultWriter:
                 while embedded:
                     self._write_embeddings(*embedded[0])
                     embedded.pop(0)
+            except _Stopped:  # what was not acknowledged goes back on its queue: still unwritten, still held
+                self._requeue(ckpts, moved, batch, embedded)
+                with self._out_lock:
+                    self._results_out = []
+                break
             except Exception:  # a bug here must not silently stop delivery: try again later
                 self.counters["errors.writer"] += 1
                 log.exception("[deliver] failed; retrying")
-                for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch),
-                                   (self.embedded, embedded)):
-                    for e in entries:  # storage and the scheduler deduplicate what already went
-                        self.put(q, e)
+                self._requeue(ckpts, moved, batch, embedded)
                 self.stop.wait(1.0)
         self._writing = False
 
+    def _requeue(self, ckpts: list, moved: list, batch: list, embedded: list) -> None:
+        for q, entries in ((self.checkpoints, ckpts), (self.moved, moved), (self.results, batch),
+                           (self.embedded, embedded)):
+            for e in entries:  # storage and the scheduler deduplicate what already went
+                self.put(q, e)
+
     def _send(self, address: Callable[[], str | None], msg_type: str, fields: dict, what: str, blobs=None) -> None:
-        deliver(self.clients, address, msg_type, fields, self.stop, blobs, timeout=WRITE_TIMEOUT_S, what=what)
+        reply = deliver(self.clients, address, msg_type, fields, self.stop, blobs, timeout=WRITE_TIMEOUT_S, what=what)
+        if reply is None and self.stop.is_set():
+            raise _Stopped(what)
 
     def _report(self, job: dict, fields: dict, what: str) -> None:
         self._send(lambda: job.get("report_to"), "ProgressReport",

@@ -172,4 +172,5 @@ class RetrieveExecutor:
 
     def close(self) -> None:
         self._stop.set()
+        self._thread.join(timeout=2.0)  # a zmq socket is not closed under another thread's poll
         self.client.close()

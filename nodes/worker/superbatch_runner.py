@@ -54,7 +54,8 @@ class SuperBatchWork:
 
 class SuperBatchRunner:
     def __init__(self, encoder, fetch, token_budget: int = DEFAULT_TOKEN_BUDGET, counters=None):
-        """`fetch(job_id, slices)` -> [(id, text), ...] in slice order (retries inside)."""
+        """`fetch(job_id, slices)` -> [(id, text), ...] in slice order (retries inside),
+        or None when the read was abandoned (the node is stopping)."""
         self.encoder, self.fetch, self.token_budget = encoder, fetch, token_budget
         self.counters = counters if counters is not None else collections.Counter()
         self.assigned: queue.Queue = queue.Queue()
@@ -105,7 +106,9 @@ class SuperBatchRunner:
                 if (work.job_id, work.id) not in self.held:  # dropped meanwhile
                     continue
             try:
-                self._load(work)
+                if not self._load(work):  # abandoned: the node is stopping
+                    self.assigned.put(work)
+                    return
                 with self._lock:
                     if (work.job_id, work.id) not in self.held:  # dropped while it was read
                         self.fetched.pop((work.job_id, work.id), None)
@@ -119,8 +122,10 @@ class SuperBatchRunner:
             self.ready.append(work)
             self._wake.set()
 
-    def _load(self, work: SuperBatchWork) -> None:
+    def _load(self, work: SuperBatchWork) -> bool:
         rows = self.fetch(work.job_id, work.slices)
+        if rows is None:
+            return False
         if len(rows) != work.size:
             raise RuntimeError(f"{work.id}: storage sent {len(rows)} texts for {work.size} rows")
         with self._lock:
@@ -133,6 +138,7 @@ class SuperBatchRunner:
         work.order = sorted(range(len(rows)), key=lambda i: len(work.tokens[i]))
         work.batches = micro_batches([len(work.tokens[i]) for i in work.order], self.token_budget)
         work.out = torch.empty(len(rows), self.encoder.dim)
+        return True
 
     # -- compute thread ----------------------------------------------------------------------
 
@@ -193,7 +199,10 @@ class SuperBatchRunner:
         return n
 
     def close(self) -> None:
+        """Stops the reader and waits for it (its fetch is abandoned within a moment once
+        the node stops): the node closes the reader's sockets next."""
         self._stop.set()
+        self._reader.join(timeout=2.0)
 
 
 def vectors_ipc(work: SuperBatchWork) -> bytes:

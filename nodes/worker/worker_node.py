@@ -210,7 +210,7 @@ class WorkerNode(Node):
         self.counters["superbatches.duplicate"] += len(msg["superbatches"]) - taken
         return encode("AssignAck", {"job_id": msg["job_id"], "accepted": taken, "refused": []}, reply_to=msg.id)
 
-    def _fetch_texts(self, job_id: str, slices: list) -> list:
+    def _fetch_texts(self, job_id: str, slices: list) -> list | None:
         """Reader thread: a SuperBatch's (id, text) rows from the job's storage node."""
         from shoal.protocol.arrow_table import table_from_ipc
 
@@ -218,8 +218,8 @@ class WorkerNode(Node):
         reply = deliver(self._reader_clients, lambda: self._storage_of(job), "ReadTexts",
                         {"job_id": job_id, "slices": slices}, self._stop, timeout=WRITE_TIMEOUT_S,
                         what=f"a text read of {job_id}")
-        if reply is None:
-            return []
+        if reply is None:  # abandoned: the node is stopping
+            return None
         table = table_from_ipc(reply.blobs["table"])
         return list(zip(table["id"].to_pylist(), table["text"].to_pylist()))
 

@@ -68,6 +68,7 @@ def test_bad_uploads_name_the_line_and_store_nothing(tmp_path, body, message):
     with pytest.raises(InputError, match=message):
         store.ingest("j", upload_id="u")
     assert store.total("j") is None
+    assert not (tmp_path / "uploads" / "u").exists()  # a refused upload does not wait a day for its sweep
     with pytest.raises(InputError, match="no stored input"):
         store.read("j", 0, 1, 100)
 

@@ -68,6 +68,7 @@ def test_the_switch_learns_floods_and_delivers_in_time_order():
     assert ports[1].dropped == 1 and sw.next_due() is None
     assert sw.command("heal p1") == "ok" and not ports[1].cut
     assert sw.command("shape nowhere 1 1 1").startswith("error: no port")
+    assert sw.command("shape p1 1 x 0").startswith("error: shape needs numbers")  # answered, not fatal
     for r, w in pipes:
         os.close(r)
         os.close(w)

@@ -46,4 +46,6 @@ def test_unwritten_covers_queued_and_in_flight_results():
     finally:
         stop.set()
         assert writer.join(5.0), "the writer did not leave its delivery once stopped"
+        # Abandoned, not acknowledged: still unwritten (the sequences stay held), none reported stored.
+        assert writer.unwritten() == {"j": {0, 1, 2}, "k": {"a"}} and not stored
         ctx.destroy(linger=0)
