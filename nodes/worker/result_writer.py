@@ -172,16 +172,17 @@ class ResultWriter:
     def _write_results(self, batch: list) -> None:
         by_job: dict[str, list] = {}
         for job_id, rec, tokens in batch:
-            size = len(orjson.dumps(rec))
+            size = len(orjson.dumps(rec))  # once per record: the batches below are cut by it too
             if size > MAX_RECORD_BYTES:  # re-sent forever it would stall every result behind it
                 self.counters["results.too_large"] += 1
                 rec = error_record(rec["id"], f"sequence {rec['id']!r}: result of {size} bytes exceeds the largest "
                                               f"result a message carries ({MAX_RECORD_BYTES} bytes)")
-            by_job.setdefault(job_id, []).append((rec, tokens))
+                size = len(orjson.dumps(rec))
+            by_job.setdefault(job_id, []).append((rec, tokens, size))
         for job_id, all_entries in by_job.items():
             job = self.jobs.get(job_id, {})
-            for entries in by_size(all_entries, lambda e: len(orjson.dumps(e[0]))):
-                records = [rec for rec, _ in entries]
+            for entries in by_size(all_entries, lambda e: e[2]):
+                records = [rec for rec, _, _ in entries]
                 self._send(lambda: self.storage_of(job), "WriteResults", {"job_id": job_id, "records": records},
                            f"{len(records)} results of {job_id}")
                 self.counters["results.written"] += len(records)
@@ -189,7 +190,7 @@ class ResultWriter:
                 if job.get("report_to"):
                     self._report(job, {"job_id": job_id, "finished": [r["id"] for r in records],
                                        "failed": [r["id"] for r in records if r.get("finish_reason") == "error"],
-                                       "tokens": sum(t for _, t in entries)}, f"progress of {job_id}")
+                                       "tokens": sum(t for _, t, _ in entries)}, f"progress of {job_id}")
 
     def _write_embeddings(self, job_id: str, work, blob: bytes) -> None:
         """One SuperBatch's vectors to storage, then its progress to the scheduler."""
