@@ -21,9 +21,15 @@ CONSTRAINT_FIELDS = ("json_schema", "regex", "choice")
 DEFAULT_MAX_TOKENS = 64
 
 
+_FIELD_ORDER = {k: i for i, k in enumerate(FIELDS)}
+
+
 def own_settings(item: dict) -> dict:
-    """The settings an item sets for itself (a null is no setting)."""
-    return {k: item[k] for k in FIELDS if item.get(k) is not None}
+    """The settings an item sets for itself (a null is no setting), in FIELDS' order."""
+    present = item.keys() & _FIELD_ORDER.keys()  # an item sets few, if any: look at those alone
+    if not present:
+        return {}
+    return {k: item[k] for k in sorted(present, key=_FIELD_ORDER.__getitem__) if item[k] is not None}
 
 
 def resolve(item: dict, job: dict) -> dict:

@@ -18,6 +18,8 @@ from pathlib import Path
 import orjson
 
 from shoal.protocol.errors import ShoalError
+from shoal.protocol.generation_settings import own_settings
+from shoal.request_settings import SettingsError, check_fits  # at the top: an import per item was a fifth of a check
 from shoal.seen_ids import SeenIds
 
 
@@ -155,9 +157,6 @@ class ItemChecker:
         """The item's own settings (max_tokens apart), checked alone and as the item will
         run with them (the job's under its own, where the job's are known), then against
         the model's context, through the request contract."""
-        from shoal.protocol.generation_settings import own_settings
-        from shoal.request_settings import SettingsError, check_fits
-
         key = settings_key(own_settings(rec))
         passed = self.settings_passed.get(key) if key is not None else None
         if passed is None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import orjson
 
 from shoal.nodes.worker.program_runner import error_record
+from shoal.protocol.errors import ShoalError
 from shoal.protocol.size_limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, by_size
 from shoal.transport.delivery import RpcClients, deliver
 from shoal.transport.rpc import DEFAULT_TIMEOUT_S
@@ -28,7 +29,7 @@ WRITE_BATCH = 256  # entries taken off a queue per delivery
 WRITE_TIMEOUT_S = DEFAULT_TIMEOUT_S
 
 
-class _Stopped(Exception):
+class _Stopped(ShoalError):
     """A delivery abandoned because the node is stopping: it was not acknowledged."""
 
 
