@@ -17,19 +17,34 @@ log = logging.getLogger(__name__)
 POLICIES = ("mb", "eb", "ebplus")
 
 
+CALIBRATION_TRIES = 2  # a fit that noise spoiled (another process busy on the cores) is measured again
+
+
 def obtain_cost_model(engine) -> CostModel:
-    """The cached calibration for this model, dtype and device, or a fresh one."""
+    """The cached calibration for this model, dtype and device, or a fresh one. Only a
+    calibration that passes its checks is cached: a noisy one kept would make every
+    later start of this model refuse EB and EB+."""
     try:
         cm = calibration.load_cached(engine)
+        if cm is not None:
+            cm.validate()
     except CalibrationError as e:
         log.warning("[calibrate] ignoring cached calibration: %s", e)
         cm = None
-    if cm is None:
+    if cm is not None:
+        return cm
+    for attempt in range(1, CALIBRATION_TRIES + 1):
         log.info("[calibrate] measuring the step cost model on %s", calibration.engine_device(engine))
         cm = calibration.calibrate(engine)
+        try:
+            cm.validate()
+        except CalibrationError as e:
+            log.warning("[calibrate] measurement %d of %d refused: %s", attempt, CALIBRATION_TRIES, e)
+            continue
         path = calibration.save(engine, cm)
         log.info("[calibrate] saved %s", path)
-    return cm
+        return cm
+    return cm  # refused again by the caller, which says why and runs MB
 
 
 def build_planner(engine, policy: str, cost_model: CostModel | None = None):
