@@ -131,6 +131,8 @@ class InputStore:
         sources = [s for s in (items, upload_id, input_path) if s]
         if len(sources) > 1:
             raise InputError("give a job's input one way: items, an upload or a path")
+        if upload_id:  # checked before anything is named by it (a refused ingest removes its upload)
+            check_name("upload_id", upload_id)
         if upload_id:
             records = parse_jsonl(self._upload_lines(upload_id), f"upload {upload_id}")
         elif input_path:

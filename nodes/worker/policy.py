@@ -17,17 +17,16 @@ log = logging.getLogger(__name__)
 POLICIES = ("mb", "eb", "ebplus")
 
 
-CALIBRATION_TRIES = 2  # a fit that noise spoiled (another process busy on the cores) is measured again
+CALIBRATION_TRIES = 2  # a fit that noise spoiled (another process busy on the cores) is measured once more
 
 
 def obtain_cost_model(engine) -> CostModel:
-    """The cached calibration for this model, dtype and device, or a fresh one. Only a
-    calibration that passes its checks is cached: a noisy one kept would make every
-    later start of this model refuse EB and EB+."""
+    """The cached calibration for this model, dtype and device, or a fresh one. A fresh
+    one that fails its checks is measured once more; what is cached then is kept, good
+    or poor (a poor fit is still this device's measurement: the engine then decides the
+    same way each start, the planner saying why it runs MB)."""
     try:
         cm = calibration.load_cached(engine)
-        if cm is not None:
-            cm.validate()
     except CalibrationError as e:
         log.warning("[calibrate] ignoring cached calibration: %s", e)
         cm = None
@@ -38,13 +37,12 @@ def obtain_cost_model(engine) -> CostModel:
         cm = calibration.calibrate(engine)
         try:
             cm.validate()
+            break
         except CalibrationError as e:
-            log.warning("[calibrate] measurement %d of %d refused: %s", attempt, CALIBRATION_TRIES, e)
-            continue
-        path = calibration.save(engine, cm)
-        log.info("[calibrate] saved %s", path)
-        return cm
-    return cm  # refused again by the caller, which says why and runs MB
+            log.warning("[calibrate] measurement %d of %d fails its checks: %s", attempt, CALIBRATION_TRIES, e)
+    path = calibration.save(engine, cm)
+    log.info("[calibrate] saved %s", path)
+    return cm
 
 
 def build_planner(engine, policy: str, cost_model: CostModel | None = None):

@@ -7,6 +7,7 @@ exported mid-generation and continued elsewhere.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
 from shoal.nodes.worker.block_manager import block_hash
@@ -20,7 +21,7 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # one sequence is one object: removing it from a queue compares identities, not 24 fields
 class Sequence:
     seq_id: object
     prompt_token_ids: list[int]
@@ -50,8 +51,10 @@ class Sequence:
     # Another sample of the same prompt that prefills it first (engine.add_request).
     prefill_after: "Sequence | None" = None
 
-    def __post_init__(self):
-        self.key = sequence_key(self.key_id)
+    @functools.cached_property
+    def key(self) -> int:
+        """Its draws' key (`sampler.uniform`): computed when it first samples at a temperature."""
+        return sequence_key(self.key_id)
 
     @property
     def key_id(self):

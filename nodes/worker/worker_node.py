@@ -218,8 +218,10 @@ class WorkerNode(Node):
         reply = deliver(self._reader_clients, lambda: self._storage_of(job), "ReadTexts",
                         {"job_id": job_id, "slices": slices}, self._stop, timeout=WRITE_TIMEOUT_S,
                         what=f"a text read of {job_id}")
-        if reply is None:  # abandoned: the node is stopping
-            return None
+        if reply is None:
+            if self._stop.is_set():  # abandoned: the node is stopping
+                return None
+            raise RuntimeError(f"no storage node to read {job_id}'s texts from")  # the reader logs it and retries
         table = table_from_ipc(reply.blobs["table"])
         return list(zip(table["id"].to_pylist(), table["text"].to_pylist()))
 

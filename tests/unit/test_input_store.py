@@ -131,3 +131,12 @@ def test_uploads_abandoned_part_way_are_swept_and_others_kept(tmp_path):
     store.put_chunk("u-live", 1, b'{"id": 2, "prompt": "b"}\n')
     assert store.ingest("j", upload_id="u-live") == 2
     assert store.sweep_uploads(now=time.time() + 10 * 24 * 3600) == 0  # nothing left to sweep
+
+
+def test_an_upload_id_that_leaves_the_folder_is_refused_before_anything_is_removed(tmp_path):
+    store = InputStore(tmp_path / "storage")
+    assert store.ingest("kept", items=[{"id": 1, "prompt": "a"}]) == 1
+    for bad in ("../jobs", "..", "a/b"):
+        with pytest.raises(InputError, match="not a valid id"):
+            store.ingest("j", upload_id=bad)
+    assert store.total("kept") == 1 and (tmp_path / "storage" / "jobs" / "kept" / "input.jsonl").exists()
