@@ -48,6 +48,7 @@ class IndexClient:
         self._local = threading.local()  # each shard thread has its own sockets
         self._suspect: dict[str, float] = {}  # node id -> until when it is tried last
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="shard-search")
+        self._closing = threading.Event()  # set by close: searches under way give up at once
 
     def _members(self):
         if self._view is None:
@@ -96,15 +97,20 @@ class IndexClient:
         order = sorted(replicas[start:] + replicas[:start], key=lambda r: self._suspect.get(r[0], 0) > now)
         tried = []
         for node_id, address in order:
+            if self._closing.is_set():
+                raise IndexUnavailable(f"index {name!r} shard {shard}: the worker is stopping")
             try:
                 reply = self._client(address).request(
                     "SearchIndex", {"name": name, "index_id": index_id, "shard": shard, "k": k, "count": len(queries),
                                     "params": params},
-                    {"queries": np.ascontiguousarray(queries, np.float32).tobytes()}, timeout=self.attempt_s)
+                    {"queries": np.ascontiguousarray(queries, np.float32).tobytes()}, timeout=self.attempt_s,
+                    abandon=self._closing.is_set)
                 self._suspect.pop(node_id, None)
                 self.failovers += bool(tried)
                 return reply["hits"]
             except (TimeoutError, RemoteError, OSError) as e:
+                if self._closing.is_set():  # abandoned, not failed: the replica is not suspect
+                    raise IndexUnavailable(f"index {name!r} shard {shard}: the worker is stopping") from None
                 if isinstance(e, RemoteError) and e.code not in FAILOVER_CODES:
                     raise SearchRefused(f"index {name!r} shard {shard} on {node_id}: {e.message}") from None
                 self._suspect[node_id] = time.monotonic() + SUSPECT_S
@@ -126,6 +132,8 @@ class IndexClient:
                 per_shard = [f.result() for f in futures]
                 return [merge([hits[q] for hits in per_shard], k) for q in range(len(queries))]
             except IndexUnavailable as e:
+                if self._closing.is_set():
+                    raise
                 if time.monotonic() >= deadline:
                     raise IndexUnavailable(f"{e} within {self.timeout_s:.0f}s") from None
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -143,6 +151,10 @@ class IndexClient:
                 time.sleep(0.2)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Ends the searches under way (each gives up within a poll slice) and waits for
+        the shard threads: their sockets are closed with the node's context next, which
+        must not happen under a thread's poll."""
+        self._closing.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
         if self._view is not None:
             self._view.stop()

@@ -98,3 +98,40 @@ def test_workers_search_the_newest_complete_build_of_an_index():
     with pytest.raises(IndexUnavailable, match=r"version new lacks shards \[1\]"):
         client.locate("default")
     client.close()
+
+
+def test_closing_the_index_client_ends_a_search_under_way():
+    """A worker that stops while a search waits on a silent replica: close ends the search
+    at once and waits for its shard threads (their sockets close with the node next)."""
+    import socket
+    import threading
+    import time
+
+    import numpy as np
+    import zmq
+
+    from shoal.nodes.worker.index_client import IndexClient, IndexUnavailable
+
+    with socket.socket() as s:  # a loopback port nobody answers on
+        s.bind(("127.0.0.1", 0))
+        silent = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    ctx = zmq.Context()
+    client = IndexClient("unused:0", "c", ctx, timeout_s=60, attempt_s=60)
+    client.locate = lambda name: ({"index_id": "i"}, [[("s0", silent)], [("s1", silent)]])
+    failed = []
+
+    def search():
+        try:
+            client.search("default", np.zeros((1, 4), np.float32), 3)
+        except IndexUnavailable as e:
+            failed.append(str(e))
+
+    t = threading.Thread(target=search)
+    t.start()
+    time.sleep(0.5)  # both shard requests are waiting on the silent replica
+    start = time.monotonic()
+    client.close()
+    t.join(timeout=10)
+    assert not t.is_alive() and time.monotonic() - start < 3, "close did not end the search"
+    assert failed and "stopping" in failed[0], failed
+    ctx.destroy(linger=0)
