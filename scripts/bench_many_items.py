@@ -7,8 +7,9 @@ process's memory, at two job sizes (a benchmark, not a test).
 Each size runs on a fresh local cluster (the tiny model, one worker): the items are
 submitted by the SDK as an upload, the results read as they are stored. Printed per
 size: items/s end to end (submit to the last result read), the time to the first
-result, each process's peak RSS (sampled every 0.2 s) and storage's RSS once the job
-is done and compacted (its idle size is measured before the job). The targets: each
+result, each process's peak RSS (sampled every 0.2 s), each process's share of a core
+over the job (what limits throughput is the one near 100%), and storage's RSS once the
+job is done and compacted (its idle size is measured before the job). The targets: each
 process's peak at 1M within 10% of its peak at 100k; storage back near its idle size
 after the job; >= 10,000 items/s (at one token on the tiny model the engine is not the
 limit: the per-item work of the control plane is, which the stage timings show).
@@ -24,6 +25,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+
+def cpu_seconds(pid: int) -> float:
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return 0.0
 
 
 def rss_mib(pid: int) -> float:
@@ -73,6 +84,7 @@ def run_size(model: str, n: int, work: Path) -> dict:
         idle = rss_mib(pids[storage])
         client = shoal.Client(c.router, timeout=600)
         with Sampler(pids) as sampler:
+            cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
             t0 = time.perf_counter()
             job = client.submit(items, params={"ignore_eos": True})
             submitted = time.perf_counter() - t0
@@ -82,6 +94,8 @@ def run_size(model: str, n: int, work: Path) -> dict:
                 if first is None:
                     first = time.perf_counter() - t0
             wall = time.perf_counter() - t0
+            # Each process's share of one core over the job: what limits it is the one near 100%.
+            busy = {name: (cpu_seconds(pid) - cpu0[name]) / wall for name, pid in pids.items()}
         # Compaction runs on its own thread after the last result: give it its moment.
         deadline = time.monotonic() + 120
         stats = {}
@@ -93,7 +107,7 @@ def run_size(model: str, n: int, work: Path) -> dict:
         after = rss_mib(pids[storage])
     assert count == n, f"{count} results for {n} items"
     return {"n": n, "items_per_s": n / wall, "first_s": first, "submit_s": submitted, "wall_s": wall,
-            "peak_mib": sampler.peak, "storage_idle_mib": idle, "storage_after_mib": after,
+            "peak_mib": sampler.peak, "cpu_share": busy, "storage_idle_mib": idle, "storage_after_mib": after,
             "result_logs": stats.get("result_logs")}
 
 
@@ -117,6 +131,8 @@ def main() -> None:
               f"{r['submit_s']:.1f} s; first result after {r['first_s']:.1f} s); peak RSS MiB: {peaks}; storage "
               f"{r['storage_idle_mib']:.0f} MiB idle, {r['storage_after_mib']:.0f} MiB after the job "
               f"({r['result_logs']})", flush=True)
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(r["cpu_share"].items(), key=lambda kv: -kv[1]))
+        print(f"{'':>9}  each process's share of a core over the job (submit included): {shares}", flush=True)
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         growth = ", ".join(f"{k} {b['peak_mib'][k] / max(a['peak_mib'][k], 1e-9):.2f}x"
