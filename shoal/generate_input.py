@@ -19,7 +19,7 @@ import orjson
 
 from shoal.protocol.errors import ShoalError
 from shoal.protocol.generation_settings import own_settings
-from shoal.request_settings import SettingsError, check_fits  # at the top: an import per item was a fifth of a check
+from shoal.request_settings import SettingsError, check_fits  # at the top: imported per item they cost ~13% of a check
 from shoal.seen_ids import SeenIds
 
 
