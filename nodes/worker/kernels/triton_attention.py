@@ -25,6 +25,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 
 @triton.jit
@@ -102,6 +103,27 @@ def tile_rows(max_len: int, group: int) -> int:
     return max(1, want // g)
 
 
+def tile_candidates(block_m: int, block_n: int, group_pad: int) -> list[tuple[int, int]]:
+    """(BLOCK_M, BLOCK_N) to try, the preferred first, each smaller in shared memory than
+    the one before: fewer keys a block down to 16, then fewer rows while a tile keeps 16
+    query vectors. Why: a tile's shared memory grows with both, and fp32 tiles of a 128-
+    or 256-wide head that fit a Hopper GPU's 227 KB do not fit an L4's 99 KB or, for 256,
+    an A100's 163 KB."""
+    out = [(block_m, block_n)]
+    while block_n > 16:
+        block_n //= 2
+        out.append((block_m, block_n))
+    while block_m > 1 and (block_m // 2) * group_pad >= 16:
+        block_m //= 2
+        out.append((block_m, block_n))
+    return out
+
+
+# The tile that fits, per (device, dtype, group, head dim, decode-only): learnt at the
+# first launch that Triton refuses for want of shared memory or registers.
+_fitting_tile: dict[tuple, tuple[int, int]] = {}
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                     rows: torch.Tensor, lens: torch.Tensor, ctx: torch.Tensor, block_size: int, scale: float,
                     out: torch.Tensor, max_len: int, block_n: int = 64) -> None:
@@ -113,13 +135,24 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     S = rows.shape[0]
     if S == 0:
         return
-    block_m = tile_rows(max_len, group)
-    grid = (S, triton.cdiv(max_len, block_m), kvh)
-    _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, tables, rows, lens, ctx,
-        scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
-        tables.stride(0), block_size,
-        G=group, G_PAD=triton.next_power_of_2(group), D=D, D_PAD=max(16, triton.next_power_of_2(D)),
-        BLOCK_M=block_m, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
-        WIDEN=os.environ.get("TRITON_INTERPRET") == "1",
-    )
+    g_pad = triton.next_power_of_2(group)
+    key = (q.device, q.dtype, group, D, max_len == 1, block_n)
+    tiles = tile_candidates(tile_rows(max_len, group), block_n, g_pad)
+    if key in _fitting_tile:
+        tiles = tiles[tiles.index(_fitting_tile[key]):]
+    for i, (block_m, bn) in enumerate(tiles):
+        try:
+            _paged_attention_kernel[(S, triton.cdiv(max_len, block_m), kvh)](
+                q, k_cache, v_cache, out, tables, rows, lens, ctx,
+                scale, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+                tables.stride(0), block_size,
+                G=group, G_PAD=g_pad, D=D, D_PAD=max(16, triton.next_power_of_2(D)),
+                BLOCK_M=block_m, BLOCK_N=bn, IEEE=q.dtype == torch.float32,
+                WIDEN=os.environ.get("TRITON_INTERPRET") == "1",
+            )
+        except OutOfResources:  # refused before it ran: nothing was written
+            if i == len(tiles) - 1:
+                raise
+            continue
+        _fitting_tile[key] = (block_m, bn)
+        return
