@@ -80,18 +80,19 @@ class DecodeGraphs:
         if self.replay_mode == "eager":
             return
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        dev = self.cache.device
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
             for B in reversed(self.sizes):
                 self._forward(B)  # warm-up: compiles, and allocates what the capture will reuse
-        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream(dev).wait_stream(stream)
         for B in reversed(self.sizes):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[B] = self._forward(B)
             self.graphs[B] = graph
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(dev)
         log.info("[graphs] decode steps of up to %d sequences replay CUDA graphs (%d sizes)", self.sizes[-1],
                  len(self.sizes))
 

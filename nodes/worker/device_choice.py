@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from shoal.protocol.errors import ShoalError
 
 DEVICE_HELP = "auto (a GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"
+# How many workers were given this worker's GPU, set beside CUDA_VISIBLE_DEVICES by
+# whoever starts them (`gpu_assignment.worker_gpu_env`); read by `worker_config.gpu_share`.
+GPU_SHARE_ENV = "SHOAL_GPU_SHARE"
 
 
 class DeviceError(ShoalError, ValueError):

@@ -428,7 +428,9 @@ class LLMEngine:
         if not seqs:
             return []
         if self.on_logits is not None:
-            self.on_logits([s.seq_id for s in seqs], logits.float())
+            # A copy: the logits are edited in place below, and on a GPU they are a decode
+            # graph's output, overwritten by its next replay.
+            self.on_logits([s.seq_id for s in seqs], logits.float().clone())
         if masks is not None and masks[0]:
             constrained, job = masks
             order = {id(s): k for k, s in enumerate(constrained)}

@@ -28,6 +28,10 @@ class EngineConfig:
     # On a GPU, without kv_cache_bytes: the share of the device's memory the worker may
     # fill, the cache taking what the weights and a profiled step leave (`gpu_memory.py`).
     gpu_memory_utilization: float = 0.9
+    # Workers given this same GPU (a host with more workers than GPUs): each fills
+    # gpu_memory_utilization / gpu_share of it. Set by whoever starts the workers
+    # (`SHOAL_GPU_SHARE`, `shoal/cluster/gpu_assignment.py`).
+    gpu_share: int = 1
     # "auto": the compute dtype, or bf16 where `dtype="auto"` computes a bf16 checkpoint in
     # fp32 (decode attention reads half the bytes; `dtype_choice.choose_kv_cache_dtype`).
     kv_cache_dtype: str = "auto"

@@ -58,6 +58,10 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     device = choose_device(config.device)
     label = device_label(device.name)
     log.info("[device] %s, %s: %s", device.name, label, device.reason)
+    if device.is_gpu:
+        # What names no device (current streams, events, graph capture, Triton's launches)
+        # takes this thread's current one: on `cuda:1` it must be cuda:1, not cuda:0.
+        torch.cuda.set_device(torch.device(device.name))
     dtype_choice = choose_dtype(config.dtype, model_dir, on_gpu=device.is_gpu)
     if config.dtype == "auto":
         log.info("[dtype] %s: %s", dtype_choice.name, dtype_choice.reason)
@@ -90,7 +94,7 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     ops, ops_reason = choose_ops(config.attention, torch.device(device.name), model.cfg.head_dim)
     log.info("[attention] %s: %s", ops.name if ops is not None else "sdpa", ops_reason)
     kv_dtype = parse_dtype(config.kv_cache_dtype)
-    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device)
+    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device, streamed=streamer is not None)
     blocks = BlockManager(num_blocks, config.block_size)
     no_graphs = "enforce_eager" if config.enforce_eager else graphs_unsupported(model, ops, torch.device(device.name))
     # Decode graphs pad their batches with rows that write a scratch block no sequence owns.
@@ -122,20 +126,26 @@ def capture_graphs(model, cache, ops, config: EngineConfig, num_blocks: int):
     return graphs, f"CUDA graphs for decode steps of up to {graphs.sizes[-1]} sequences ({len(graphs.sizes)} sizes)"
 
 
-def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, device: DeviceChoice) -> tuple[int, str]:
+def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, device: DeviceChoice,
+                    streamed: bool = False) -> tuple[int, str]:
     """How many blocks the cache has, and why: `num_blocks` as set, else `kv_cache_bytes`
     as set, else on a GPU what its memory leaves (`gpu_memory.py`) and on a CPU a share of
     the host's (`kv_cache_size.py`); never more than max_num_seqs full contexts can use
-    (a tiny model does not get, and zero, gigabytes of cache it cannot fill)."""
+    (a tiny model does not get, and zero, gigabytes of cache it cannot fill). `streamed`:
+    weight streaming may grow steps to MAX_FETCH_STEP tokens and sequences once a
+    calibration is known (`step_sizing.py`), so a GPU leaves room for such a step."""
     if config.num_blocks:
         return config.num_blocks, "num_blocks as set"
     useful = config.max_num_seqs * model.cfg.max_position_embeddings // config.block_size + 1
     if device.is_gpu and config.kv_cache_bytes is None:
         from shoal.nodes.worker.gpu_memory import size_on_gpu
 
-        tokens = max(PROFILE_TOKENS, config.max_num_batched_tokens)
-        kv_bytes, reason = size_on_gpu(model, kv_dtype, ops, tokens, config.max_num_seqs, config.block_size,
-                                       config.gpu_memory_utilization)
+        from shoal.nodes.worker.step_sizing import MAX_FETCH_STEP
+
+        tokens = max(PROFILE_TOKENS, config.max_num_batched_tokens, MAX_FETCH_STEP if streamed else 0)
+        rows = max(config.max_num_seqs, MAX_FETCH_STEP if streamed else 0)
+        kv_bytes, reason = size_on_gpu(model, kv_dtype, ops, tokens, rows, config.block_size,
+                                       config.gpu_memory_utilization, config.gpu_share)
     else:
         kv_bytes, reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
     fits = kv_bytes // (bytes_per_token(model.cfg, kv_dtype) * config.block_size)

@@ -24,16 +24,25 @@ def check_utilization(share: float) -> float:
     return share
 
 
-def gpu_kv_cache_bytes(total: int, free: int, step_peak: int, utilization: float = DEFAULT_UTILIZATION
-                       ) -> tuple[int, str]:
+def gpu_kv_cache_bytes(total: int, free: int, step_peak: int, utilization: float = DEFAULT_UTILIZATION,
+                       share: int = 1, own: int = 0) -> tuple[int, str]:
     """The cache's bytes on a device of `total` bytes of which `free` are free now (after
     the weights), whose steps need `step_peak` bytes beyond that; and why. ValueError
-    when nothing useful is left, naming the figures."""
+    when nothing useful is left, naming the figures.
+
+    `share` > 1: that many workers were given this GPU (a host with more workers than
+    GPUs). Each may fill `utilization / share` of it, less what it holds itself (`own`:
+    its weights); the others' memory is theirs, and counting it as in use would leave
+    nothing to whichever worker starts last."""
     check_utilization(utilization)
-    in_use = total - free
-    size = int(total * utilization) - in_use - step_peak
-    why = (f"{utilization:.0%} of the GPU's {total / 2**30:.1f} GiB, less {in_use / 2**30:.2f} GiB in use "
-           f"(weights, CUDA context, other processes) and {step_peak / 2**30:.2f} GiB for a step's activations")
+    if share > 1:
+        in_use, of = own, f"{utilization:.0%} / {share} workers of the GPU's {total / 2**30:.1f} GiB, less this worker's"
+        size = int(total * utilization / share) - own - step_peak
+    else:
+        in_use, of = total - free, f"{utilization:.0%} of the GPU's {total / 2**30:.1f} GiB, less"
+        size = int(total * utilization) - in_use - step_peak
+    why = (f"{of} {in_use / 2**30:.2f} GiB in use{' (weights, CUDA context, other processes)' if share <= 1 else ''} "
+           f"and {step_peak / 2**30:.2f} GiB for a step's activations")
     if size < MIN_KV_BYTES:
         raise ValueError(f"no room for a KV cache on the GPU: {why} leaves {size / 2**20:.0f} MiB; raise "
                          "--gpu-memory-utilization, free the device, or give --kv-cache-bytes")
@@ -53,13 +62,13 @@ def profile_step(model, kv_dtype, ops, tokens: int, rows: int, block_size: int) 
     from shoal.sampling import SamplingParams
 
     device = model.embed.weight.device
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
     rows = max(1, min(rows, tokens))
     per = -(-tokens // rows)  # `rows` sequences sharing the step's tokens, each sampling once
     blocks = rows * -(-per // block_size)
     cache = KVCache(model.cfg, blocks, block_size, kv_dtype, device=device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)  # after its own small cache: that is not a step's
     runner = ModelRunner(model, cache, ops)
     seqs = []
     for i in range(rows):
@@ -79,12 +88,12 @@ def profile_step(model, kv_dtype, ops, tokens: int, rows: int, block_size: int) 
 
 
 def size_on_gpu(model, kv_dtype, ops, tokens: int, rows: int, block_size: int,
-                utilization: float) -> tuple[int, str]:
+                utilization: float, share: int = 1) -> tuple[int, str]:
     """`gpu_kv_cache_bytes` from the device's own figures and a profiled step."""
     import torch
 
     device = model.embed.weight.device
     peak = profile_step(model, kv_dtype, ops, tokens, rows, block_size)
     free, total = torch.cuda.mem_get_info(device)
-    size, why = gpu_kv_cache_bytes(total, free, peak, utilization)
+    size, why = gpu_kv_cache_bytes(total, free, peak, utilization, share, torch.cuda.memory_reserved(device))
     return size, f"auto: {why} (--gpu-memory-utilization)"

@@ -53,7 +53,7 @@ class HostKVPool:
                 torch.index_select(layer, 1, slots, out=view[i])
             return view
         kv = torch.stack([layer[:, slots] for layer in cache.layers])  # gathered on the compute stream
-        self.stream.wait_stream(torch.cuda.current_stream())
+        self.stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(self.stream):
             view.copy_(kv, non_blocking=True)
         kv.record_stream(self.stream)  # its memory is not reused before the copy has read it
@@ -67,7 +67,7 @@ class HostKVPool:
         """The compute stream waits for the copies to host before it reads a span (a
         restore) or a span is reused (the next offload queues after it anyway)."""
         if self.gpu:
-            torch.cuda.current_stream().wait_stream(self.stream)
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
 
     def for_host(self) -> None:
         """The host waits for the copies before it reads a span (an export)."""

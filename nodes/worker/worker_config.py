@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from dataclasses import dataclass
 
-from shoal.nodes.worker.device_choice import DEVICE_HELP, device_arg
+from shoal.nodes.worker.device_choice import DEVICE_HELP, GPU_SHARE_ENV, device_arg
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES, KV_CACHE_DTYPE_NAMES
 from shoal.nodes.worker.gpu_memory import check_utilization
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE, check_share
@@ -111,6 +112,17 @@ def config_from_args(args: argparse.Namespace, open_by_default: bool) -> WorkerC
                         args.retrieve_timeout, args.retrieve_window_ms / 1000, allowed, args.step_log)
 
 
+def gpu_share() -> int:
+    """How many workers were given this worker's GPU (`SHOAL_GPU_SHARE`, set beside
+    `CUDA_VISIBLE_DEVICES` by `gpu_assignment.worker_gpu_env`); 1 when unset."""
+    raw = os.environ.get(GPU_SHARE_ENV, "1")
+    try:
+        share = int(raw)
+    except ValueError:
+        raise ValueError(f"{GPU_SHARE_ENV}={raw!r}: expected a whole number of workers") from None
+    return max(1, share)
+
+
 def load_decoder(args):
     """The engine of `--model` (calibrated when its policy needs it), or a stand-in
     for an encoder-only worker."""
@@ -123,6 +135,7 @@ def load_decoder(args):
                                                   kv_cache_dtype=args.kv_cache_dtype, device_memory=args.device_memory,
                                                   device=args.device, attention=args.attention,
                                                   gpu_memory_utilization=args.gpu_memory_utilization,
+                                                  gpu_share=gpu_share(),
                                                   enforce_eager=args.enforce_eager))
     from shoal.nodes.worker.no_decoder import NoDecoder
 

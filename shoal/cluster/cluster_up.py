@@ -65,7 +65,7 @@ def worker_envs(host, device: str, detect=host_gpus) -> list[dict]:
     one per GPU, else one on the CPU."""
     gpus = (list(host.gpus) if host.gpus is not None else detect()) if wants_gpu(device) else []
     count = host.workers if host.workers is not None else max(1, len(gpus))
-    return [worker_gpu_env(i, gpus) for i in range(count)]
+    return [worker_gpu_env(i, gpus, count) for i in range(count)]
 
 
 def cluster_keys(cf: ClusterFile, host) -> Path | None:

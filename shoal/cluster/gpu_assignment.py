@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 
+from shoal.nodes.worker.device_choice import GPU_SHARE_ENV
+
 
 def host_gpus() -> list[str]:
     """The GPUs this process may give its workers, as `CUDA_VISIBLE_DEVICES` entries."""
@@ -34,7 +36,15 @@ def wants_gpu(device: str) -> bool:
     return device in ("auto", "cuda")
 
 
-def worker_gpu_env(index: int, gpus: list[str]) -> dict[str, str]:
-    """The environment that gives worker `index` its GPU (round robin over `gpus`, so
-    more workers than GPUs share them); empty without GPUs."""
-    return {"CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]} if gpus else {}
+def worker_gpu_env(index: int, gpus: list[str], workers: int = 0) -> dict[str, str]:
+    """The environment that gives worker `index` of `workers` its GPU (round robin over
+    `gpus`, so more workers than GPUs share them, and then each is told how many share
+    its GPU: `SHOAL_GPU_SHARE`, so that their KV caches split the device's memory);
+    empty without GPUs."""
+    if not gpus:
+        return {}
+    env = {"CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]}
+    sharing = sum(1 for i in range(max(workers, index + 1)) if i % len(gpus) == index % len(gpus))
+    if sharing > 1:
+        env[GPU_SHARE_ENV] = str(sharing)
+    return env

@@ -109,7 +109,7 @@ class LocalCluster:
         """The next worker's environment: the cluster's, and its own GPU where it has one."""
         from shoal.cluster.gpu_assignment import worker_gpu_env
 
-        gpu = worker_gpu_env(self.started_workers, self.gpus)
+        gpu = worker_gpu_env(self.started_workers, self.gpus, self.workers)
         self.started_workers += 1
         return {**(self.env or {}), **gpu} if gpu else self.env
 

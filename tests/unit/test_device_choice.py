@@ -34,6 +34,10 @@ def test_each_worker_sees_one_gpu_round_robin(monkeypatch):
     assert gpus == ["2", "5", "7"]
     assert [worker_gpu_env(i, gpus)["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["2", "5", "7", "2"]
     assert worker_gpu_env(0, []) == {}
+    # More workers than GPUs: each is told how many share its GPU (their KV caches split it).
+    envs = [worker_gpu_env(i, gpus, 4) for i in range(4)]
+    assert [e.get("SHOAL_GPU_SHARE") for e in envs] == ["2", None, None, "2"]
+    assert "SHOAL_GPU_SHARE" not in worker_gpu_env(1, gpus, 3)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # set but empty: no GPU
     assert host_gpus() == []
     assert wants_gpu("auto") and wants_gpu("cuda") and not wants_gpu("cpu") and not wants_gpu("cuda:1")
@@ -63,3 +67,15 @@ def test_a_cluster_files_hosts_run_one_worker_per_gpu(tmp_path):
     path.write_text(head.format(device="") + '[[hosts]]\nname = "g"\naddress = "2"\nroles = ["worker"]\ngpus = ["a"]\n')
     with pytest.raises(ClusterFileError, match="gpus must be a list of GPU indices"):
         load_cluster_file(path)
+
+
+def test_a_worker_reads_how_many_share_its_gpu(monkeypatch):
+    from shoal.nodes.worker.worker_config import gpu_share
+
+    monkeypatch.delenv("SHOAL_GPU_SHARE", raising=False)
+    assert gpu_share() == 1
+    monkeypatch.setenv("SHOAL_GPU_SHARE", "3")
+    assert gpu_share() == 3
+    monkeypatch.setenv("SHOAL_GPU_SHARE", "two")
+    with pytest.raises(ValueError, match="SHOAL_GPU_SHARE='two'"):
+        gpu_share()

@@ -123,9 +123,10 @@ class DecoderLayer(nn.Module):
         # W1's shape 32 MiB, past what malloc keeps between steps (step_buffers.py), so
         # every step faulted it in anew (its projection took 2.2x as long). Split in equal
         # pieces under that size: W1's bf16 MLP at 4,096 rows took 18.7 ms as two pieces of
-        # 2,048 against 29.9 ms whole (smaller pieces: slower again, 21-25 ms).
+        # 2,048 against 29.9 ms whole (smaller pieces: slower again, 21-25 ms). A GPU's
+        # caching allocator keeps its blocks: there, pieces would only shrink the GEMMs.
         rows = chunk_rows(h.shape[0], self.mlp.gate_up.out_features * h.element_size())
-        if rows >= h.shape[0]:
+        if rows >= h.shape[0] or h.device.type != "cpu":
             return self._mlp_native(h, ops), residual
         out = torch.cat([self._mlp_native(h[i:i + rows], ops) for i in range(0, h.shape[0], rows)])
         return out, residual

@@ -65,7 +65,9 @@ class MoeBlock(nn.Module):
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (token, expert) pairs grouped by expert
         tokens = order // self.top_k
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        # Not bincount: on a GPU it reads the ids' min and max back to the host.
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
         gathered = x[tokens]
         out = None
         if self.on_experts is None and self.grouped is not False:
