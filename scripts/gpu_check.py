@@ -41,6 +41,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# Every model is a local folder; a lent machine has no network, so a stray hub lookup
+# fails at once rather than waiting out its timeout.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
@@ -85,9 +89,19 @@ def env(args) -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "device": torch.cuda.get_device_name(0) if GPU else "cpu (dry run)", "cpu_cores": os.cpu_count(),
            "dry_run": not GPU}
-    for mod in ("triton", "transformers", "sentence_transformers", "zmq", "orjson", "etcd3", "flashinfer"):
+    for mod in ("triton", "transformers", "sentence_transformers", "numpy", "zmq", "orjson", "etcd3", "uvloop",
+                "llguidance", "flashinfer"):
         spec = importlib.util.find_spec(mod)
         out[mod] = getattr(__import__(mod), "__version__", "present") if spec else None
+    import google.protobuf
+    import grpc
+    import shutil
+    import sysconfig
+
+    out["protobuf"], out["grpc"] = google.protobuf.__version__, grpc.__version__  # what etcd3 runs on
+    # Triton builds its launcher with the C compiler against Python's headers on first use.
+    out["cc"] = shutil.which("cc") or shutil.which("gcc")
+    out["python_h"] = (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
     return out
 
 
@@ -307,17 +321,34 @@ def transformers_w1(args) -> dict:
             "line": f"{tokens / wall:,.0f} total tokens/s over the first {n} sequences"}
 
 
+def log_tails(folder: Path, lines: int = 30) -> str:
+    """The last lines of each node's log in `folder`."""
+    out = []
+    for log in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+        out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+    return "\n".join(out) or f"(no logs in {folder})"
+
+
 def w1_cluster(args, inprocess: dict | None) -> dict:
     import shoal
 
     model = big_model(args)
     work = w1_work(args, model)
-    with shoal.LocalCluster(model, workers=1, device=DEVICE, policy=args.policy) as cluster:
+    # Every wait bounded (a node that dies must not take the command's whole ten minutes),
+    # and the nodes' logs kept in --work, their tails in the figures when it fails.
+    cluster = shoal.LocalCluster(model, workers=1, device=DEVICE, policy=args.policy,
+                                 state_dir=Path(args.work) / f"cluster-w1-{int(time.time())}")
+    try:
+        cluster.start(timeout=240)
         client = shoal.Client(cluster.router)
         t = time.perf_counter()
-        results = client.submit(job_items(work), params={"ignore_eos": True}).wait()
+        results = client.submit(job_items(work), params={"ignore_eos": True}).wait(timeout=300)
         wall = time.perf_counter() - t
         client.close()
+    except Exception as e:
+        raise RuntimeError(f"{type(e).__name__}: {e}\n{log_tails(cluster.dir / 'logs')}") from e
+    finally:
+        cluster.stop()
     failed = [r for r in results if r.get("error")]
     tokens = work.prompt_tokens + sum(len(r["token_ids"]) for r in results)
     out = {"ok": not failed, "wall": wall, "tokens_per_s": tokens / wall, "failed": len(failed)}
@@ -609,6 +640,9 @@ def main() -> int:
     ap.add_argument("--hf-sequences", type=int, default=256, help="the sequences transformers runs (it is slow)")
     ap.add_argument("--w2-texts", type=int, default=20_000, help="texts per encoder in W2's short form")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
+    ap.add_argument("--mirror", default="", metavar="DIR",
+                    help="also write the JSON file into DIR after each section (a device command's $OUT: "
+                         "what finished comes back even when the command is cut off)")
     ap.add_argument("--append", action="store_true",
                     help="keep the sections already in --out and add these (a check run in two halves: the "
                          "cluster section reads the in-process W1 figures of the first)")
@@ -622,6 +656,9 @@ def main() -> int:
     report: dict = {"device": DEVICE, "sections": {}}
     if args.append and Path(args.out).exists():
         report = json.loads(Path(args.out).read_text())
+    elif args.append:
+        print(f"--append: no {args.out} yet (a fresh machine?): the sections that compare with the first "
+              "half's figures will say so, and the models are made again", flush=True)
     found: dict = dict(report["sections"])
     runs = {"env": lambda: env(args), "limits": lambda: limits(args), "greedy_fp32": lambda: greedy(args, "float32"),
             "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
@@ -656,7 +693,11 @@ def main() -> int:
             print("  " + ", ".join(f"{k} {v}" for k, v in result.items() if k != "seconds"), flush=True)
         report["sections"][name] = result
         report["total_seconds"] = round(time.perf_counter() - t_all, 1)
-        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+        text = json.dumps(report, indent=2, default=str)
+        Path(args.out).write_text(text)
+        if args.mirror:
+            Path(args.mirror).mkdir(parents=True, exist_ok=True)
+            (Path(args.mirror) / Path(args.out).name).write_text(text)
     if not GPU:
         print("no CUDA here: a dry run at tiny shapes on the CPU; its figures mean nothing")
     print(f"wrote {args.out} ({report['total_seconds']} s)")
