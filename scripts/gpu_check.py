@@ -30,6 +30,7 @@ an exception), never for a section skipped for lack of a package or a device.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import os
@@ -93,12 +94,12 @@ def env(args) -> dict:
                 "llguidance", "flashinfer"):
         spec = importlib.util.find_spec(mod)
         out[mod] = getattr(__import__(mod), "__version__", "present") if spec else None
-    import google.protobuf
-    import grpc
     import shutil
     import sysconfig
 
-    out["protobuf"], out["grpc"] = google.protobuf.__version__, grpc.__version__  # what etcd3 runs on
+    for mod in ("google.protobuf", "grpc"):  # what etcd3 runs on
+        found = importlib.util.find_spec(mod.split(".")[0]) and importlib.util.find_spec(mod)
+        out[mod.split(".")[-1]] = getattr(importlib.import_module(mod), "__version__", "present") if found else None
     # Triton builds its launcher with the C compiler against Python's headers on first use.
     out["cc"] = shutil.which("cc") or shutil.which("gcc")
     out["python_h"] = (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()

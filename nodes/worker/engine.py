@@ -430,7 +430,8 @@ class LLMEngine:
         if self.on_logits is not None:
             # A copy: the logits are edited in place below, and on a GPU they are a decode
             # graph's output, overwritten by its next replay.
-            self.on_logits([s.seq_id for s in seqs], logits.float().clone())
+            as_float = logits.float()
+            self.on_logits([s.seq_id for s in seqs], as_float.clone() if as_float is logits else as_float)
         if masks is not None and masks[0]:
             constrained, job = masks
             order = {id(s): k for k, s in enumerate(constrained)}

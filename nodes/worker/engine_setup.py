@@ -52,6 +52,9 @@ class EngineSetup:
     graphs_reason: str
     auto_budget: bool  # the budget is the default, for the calibration to replace
     budget_reason: str
+    # On a GPU, the largest step (tokens, sampled rows) its memory was sized for: steps
+    # sized later (weight streaming's) stay within it. None on a CPU.
+    largest_step: tuple[int, int] | None = None
 
 
 def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
@@ -94,7 +97,8 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     ops, ops_reason = choose_ops(config.attention, torch.device(device.name), model.cfg.head_dim)
     log.info("[attention] %s: %s", ops.name if ops is not None else "sdpa", ops_reason)
     kv_dtype = parse_dtype(config.kv_cache_dtype)
-    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device, streamed=streamer is not None)
+    step = largest_step(config, streamer is not None) if device.is_gpu else None
+    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device, step)
     blocks = BlockManager(num_blocks, config.block_size)
     no_graphs = "enforce_eager" if config.enforce_eager else graphs_unsupported(model, ops, torch.device(device.name))
     # Decode graphs pad their batches with rows that write a scratch block no sequence owns.
@@ -108,7 +112,16 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
         graphs, graphs_reason = capture_graphs(model, cache, ops, config, num_blocks)
     return EngineSetup(config, device, label, dtype_choice, kv_dtype_choice, model, fingerprint, streamer, packed,
                        ops, ops_reason, cache, blocks, kv_reason, graphs, graphs_reason, auto_budget,
-                       "no device calibration: the default" if auto_budget else "set by the user")
+                       "no device calibration: the default" if auto_budget else "set by the user", step)
+
+
+def largest_step(config: EngineConfig, streamed: bool) -> tuple[int, int]:
+    """(tokens, sampled rows) of the largest step a GPU leaves room for: the budget (at
+    least the calibration's largest probe) and max_num_seqs; with streamed weights, decode
+    steps of as many sequences as that budget has tokens, so that steps sized to cover the
+    weights' copy (`step_sizing.size_for_fetches`) have room."""
+    tokens = max(PROFILE_TOKENS, config.max_num_batched_tokens)
+    return tokens, max(config.max_num_seqs, tokens if streamed else 0)
 
 
 def capture_graphs(model, cache, ops, config: EngineConfig, num_blocks: int):
@@ -127,23 +140,19 @@ def capture_graphs(model, cache, ops, config: EngineConfig, num_blocks: int):
 
 
 def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, device: DeviceChoice,
-                    streamed: bool = False) -> tuple[int, str]:
+                    step: tuple[int, int] | None = None) -> tuple[int, str]:
     """How many blocks the cache has, and why: `num_blocks` as set, else `kv_cache_bytes`
-    as set, else on a GPU what its memory leaves (`gpu_memory.py`) and on a CPU a share of
-    the host's (`kv_cache_size.py`); never more than max_num_seqs full contexts can use
-    (a tiny model does not get, and zero, gigabytes of cache it cannot fill). `streamed`:
-    weight streaming may grow steps to MAX_FETCH_STEP tokens and sequences once a
-    calibration is known (`step_sizing.py`), so a GPU leaves room for such a step."""
+    as set, else on a GPU what its memory leaves after a profiled step of `step` (tokens,
+    sampled rows; `gpu_memory.py`) and on a CPU a share of the host's
+    (`kv_cache_size.py`); never more than max_num_seqs full contexts can use (a tiny
+    model does not get, and zero, gigabytes of cache it cannot fill)."""
     if config.num_blocks:
         return config.num_blocks, "num_blocks as set"
     useful = config.max_num_seqs * model.cfg.max_position_embeddings // config.block_size + 1
     if device.is_gpu and config.kv_cache_bytes is None:
         from shoal.nodes.worker.gpu_memory import size_on_gpu
 
-        from shoal.nodes.worker.step_sizing import MAX_FETCH_STEP
-
-        tokens = max(PROFILE_TOKENS, config.max_num_batched_tokens, MAX_FETCH_STEP if streamed else 0)
-        rows = max(config.max_num_seqs, MAX_FETCH_STEP if streamed else 0)
+        tokens, rows = step or largest_step(config, False)
         kv_bytes, reason = size_on_gpu(model, kv_dtype, ops, tokens, rows, config.block_size,
                                        config.gpu_memory_utilization, config.gpu_share)
     else:

@@ -1,8 +1,9 @@
 """The KV cache's size on a GPU: what is left of `gpu_memory_utilization` of the device
 once the weights are loaded and a worst-case step has run, as vLLM sizes its cache.
 
-A GPU worker owns its device (one worker per GPU), so its cache takes the device's
-memory rather than a share of the host's: `utilization` (default 0.9) of the device's
+A GPU worker owns its device (one worker per GPU; where a host runs more workers than it
+has GPUs, those sharing one split it), so its cache takes the device's memory rather
+than a share of the host's: `utilization` (default 0.9) of the device's
 total, less everything allocated on it now (this worker's weights and CUDA context,
 and any other process's memory), less the peak of transient tensors one step of the
 largest budget and its sampling allocate (measured by running one, `profile_step`).
@@ -37,7 +38,8 @@ def gpu_kv_cache_bytes(total: int, free: int, step_peak: int, utilization: float
     check_utilization(utilization)
     if share > 1:
         in_use, of = own, f"{utilization:.0%} / {share} workers of the GPU's {total / 2**30:.1f} GiB, less this worker's"
-        size = int(total * utilization / share) - own - step_peak
+        # Never more than is free (a worker added later to a GPU whose workers took their shares).
+        size = min(int(total * utilization / share) - own, int(total * utilization) - (total - free)) - step_peak
     else:
         in_use, of = total - free, f"{utilization:.0%} of the GPU's {total / 2**30:.1f} GiB, less"
         size = int(total * utilization) - in_use - step_peak

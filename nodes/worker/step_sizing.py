@@ -67,9 +67,11 @@ def size_for_fetches(engine, cm, auto_budget: bool = True) -> bool:
         log.info("[stream] %s", engine.fetch_sizing)
         return False
     c, blocks = engine.config, engine.blocks.num_blocks
-    # Each running sequence holds at least one block; a step's activations bound its tokens.
-    seqs = fetch.rows_to_cover(cm.beta_d, most=min(blocks, MAX_FETCH_STEP))
-    tokens = fetch.rows_to_cover(cm.beta_p, most=min(blocks * c.block_size, MAX_FETCH_STEP))
+    # Each running sequence holds at least one block; a step's activations bound its
+    # tokens: on a GPU, to the step its memory was sized for.
+    most_tokens, most_seqs = engine.setup.largest_step or (MAX_FETCH_STEP, MAX_FETCH_STEP)
+    seqs = fetch.rows_to_cover(cm.beta_d, most=min(blocks, MAX_FETCH_STEP, most_seqs))
+    tokens = fetch.rows_to_cover(cm.beta_p, most=min(blocks * c.block_size, MAX_FETCH_STEP, most_tokens))
     # A budget the user set stays; else it takes at least a decode step of `seqs`.
     budget = c.max_num_batched_tokens if not auto_budget else max(c.max_num_batched_tokens, tokens, seqs)
     engine.config = replace(c, max_num_seqs=max(c.max_num_seqs, seqs), max_num_batched_tokens=budget)

@@ -36,3 +36,12 @@ def test_workers_sharing_a_gpu_split_it_whichever_starts_last():
     second, _ = gpu_kv_cache_bytes(80 * GiB, 36 * GiB, 2 * GiB, 0.9, share=2, own=4 * GiB)
     assert first == second == int(80 * GiB * 0.9 / 2) - 4 * GiB - 2 * GiB
     assert 2 * (first + 6 * GiB) <= 80 * GiB * 0.9 and "/ 2 workers" in why
+
+
+def test_a_worker_added_to_a_shared_gpu_takes_no_more_than_is_free():
+    # Its share would be 0.9 * 80 / 2 - 4 (own) - 1 (step) = 31 GiB, but the GPU's first
+    # worker took its whole 0.9 before this one was added: 20 GiB are free.
+    size, _ = gpu_kv_cache_bytes(80 * GiB, 20 * GiB, 1 * GiB, 0.9, share=2, own=4 * GiB)
+    assert size == int(80 * GiB * 0.9) - 60 * GiB - 1 * GiB
+    with pytest.raises(ValueError, match="no room"):
+        gpu_kv_cache_bytes(80 * GiB, 6 * GiB, 1 * GiB, 0.9, share=2, own=4 * GiB)

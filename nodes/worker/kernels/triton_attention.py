@@ -119,7 +119,7 @@ def tile_candidates(block_m: int, block_n: int, group_pad: int) -> list[tuple[in
     return out
 
 
-# The tile that fits, per (device, dtype, group, head dim, decode-only): learnt at the
+# The tile that fits, per (device, dtypes, group, head dim, decode-only): learnt at the
 # first launch that Triton refuses for want of shared memory or registers.
 _fitting_tile: dict[tuple, tuple[int, int]] = {}
 
@@ -136,7 +136,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if S == 0:
         return
     g_pad = triton.next_power_of_2(group)
-    key = (q.device, q.dtype, group, D, max_len == 1, block_n)
+    key = (q.device, q.dtype, k_cache.dtype, group, D, max_len == 1, block_n)
     tiles = tile_candidates(tile_rows(max_len, group), block_n, g_pad)
     if key in _fitting_tile:
         tiles = tiles[tiles.index(_fitting_tile[key]):]
