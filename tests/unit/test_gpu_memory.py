@@ -31,9 +31,10 @@ def test_no_room_is_an_error_naming_the_figures():
 
 def test_workers_sharing_a_gpu_split_it_whichever_starts_last():
     # Two workers on one 80 GiB GPU, each with 4 GiB of weights and a 2 GiB step: the
-    # second starts when the first holds its weights and its cache (40 GiB in use).
+    # second sizes its cache when the first holds its weights and its 30 GiB cache, and
+    # it its own weights (38 GiB in use).
     first, why = gpu_kv_cache_bytes(80 * GiB, 76 * GiB, 2 * GiB, 0.9, share=2, own=4 * GiB)
-    second, _ = gpu_kv_cache_bytes(80 * GiB, 36 * GiB, 2 * GiB, 0.9, share=2, own=4 * GiB)
+    second, _ = gpu_kv_cache_bytes(80 * GiB, 42 * GiB, 2 * GiB, 0.9, share=2, own=4 * GiB)
     assert first == second == int(80 * GiB * 0.9 / 2) - 4 * GiB - 2 * GiB
     assert 2 * (first + 6 * GiB) <= 80 * GiB * 0.9 and "/ 2 workers" in why
 
