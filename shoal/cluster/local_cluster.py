@@ -41,7 +41,8 @@ class LocalCluster:
         request names unless `worker_args` / `storage_args` allow them (`exposure.py`).
         `http_port`: the router serves its status page there (0: none). `device` is every
         worker's (`--device`); with `auto` or `cuda` each worker sees one of `gpus`
-        (default: the host's, `gpu_assignment.py`), round robin: one worker per GPU."""
+        (default: the host's, `gpu_assignment.py`), round robin: one worker per GPU, or, with
+        more workers than GPUs, those sharing one split its memory."""
         if model is None and encoder is None:
             raise ValueError("a local cluster's workers need a model (decoder), an encoder, or both")
         self.encoder = str(encoder) if encoder else None
