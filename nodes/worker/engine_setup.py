@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from shoal.nodes.worker.block_manager import BlockManager
-from shoal.nodes.worker.decode_graphs import graphs_unsupported
+from shoal.nodes.worker.decode_graphs import graph_output_bytes, graphs_unsupported
 from shoal.nodes.worker.device_choice import DeviceChoice, choose_device, device_label
 from shoal.nodes.worker.dtype_choice import DtypeChoice, choose_dtype, choose_kv_cache_dtype
 from shoal.nodes.worker.engine_config import DEFAULT_BUDGET, EngineConfig
@@ -98,9 +98,10 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     log.info("[attention] %s: %s", ops.name if ops is not None else "sdpa", ops_reason)
     kv_dtype = parse_dtype(config.kv_cache_dtype)
     step = largest_step(config, streamer is not None) if device.is_gpu else None
-    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device, step)
-    blocks = BlockManager(num_blocks, config.block_size)
     no_graphs = "enforce_eager" if config.enforce_eager else graphs_unsupported(model, ops, torch.device(device.name))
+    graph_bytes = 0 if no_graphs else graph_output_bytes(model, config.max_num_seqs)
+    num_blocks, kv_reason = kv_cache_blocks(model, config, kv_dtype, ops, device, step, graph_bytes)
+    blocks = BlockManager(num_blocks, config.block_size)
     # Decode graphs pad their batches with rows that write a scratch block no sequence owns.
     cache = KVCache(model.cfg, num_blocks + (0 if no_graphs else 1), config.block_size, kv_dtype,
                     prefault_bytes=PREFAULT_BYTES if config.kv_prefault else 0, device=device.name)
@@ -140,10 +141,10 @@ def capture_graphs(model, cache, ops, config: EngineConfig, num_blocks: int):
 
 
 def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, device: DeviceChoice,
-                    step: tuple[int, int] | None = None) -> tuple[int, str]:
+                    step: tuple[int, int] | None = None, graph_bytes: int = 0) -> tuple[int, str]:
     """How many blocks the cache has, and why: `num_blocks` as set, else `kv_cache_bytes`
     as set, else on a GPU what its memory leaves after a profiled step of `step` (tokens,
-    sampled rows; `gpu_memory.py`) and on a CPU a share of the host's
+    sampled rows; `gpu_memory.py`) and the decode graphs' `graph_bytes`, and on a CPU a share of the host's
     (`kv_cache_size.py`); never more than max_num_seqs full contexts can use (a tiny
     model does not get, and zero, gigabytes of cache it cannot fill)."""
     if config.num_blocks:
@@ -154,7 +155,7 @@ def kv_cache_blocks(model, config: EngineConfig, kv_dtype: torch.dtype, ops, dev
 
         tokens, rows = step or largest_step(config, False)
         kv_bytes, reason = size_on_gpu(model, kv_dtype, ops, tokens, rows, config.block_size,
-                                       config.gpu_memory_utilization, config.gpu_share)
+                                       config.gpu_memory_utilization, config.gpu_share, graph_bytes)
     else:
         kv_bytes, reason = choose_kv_cache_bytes(config.kv_cache_bytes, config.kv_cache_share)
     fits = kv_bytes // (bytes_per_token(model.cfg, kv_dtype) * config.block_size)

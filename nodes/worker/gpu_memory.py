@@ -90,12 +90,16 @@ def profile_step(model, kv_dtype, ops, tokens: int, rows: int, block_size: int) 
 
 
 def size_on_gpu(model, kv_dtype, ops, tokens: int, rows: int, block_size: int,
-                utilization: float, share: int = 1) -> tuple[int, str]:
-    """`gpu_kv_cache_bytes` from the device's own figures and a profiled step."""
+                utilization: float, share: int = 1, graph_bytes: int = 0) -> tuple[int, str]:
+    """`gpu_kv_cache_bytes` from the device's own figures and a profiled step; the decode
+    graphs to be captured keep `graph_bytes` more (their logits), counted with the step."""
     import torch
 
     device = model.embed.weight.device
     peak = profile_step(model, kv_dtype, ops, tokens, rows, block_size)
     free, total = torch.cuda.mem_get_info(device)
-    size, why = gpu_kv_cache_bytes(total, free, peak, utilization, share, torch.cuda.memory_reserved(device))
+    size, why = gpu_kv_cache_bytes(total, free, peak + graph_bytes, utilization, share,
+                                   torch.cuda.memory_reserved(device))
+    if graph_bytes:
+        why += f" (of which {graph_bytes / 2**30:.2f} GiB the decode graphs' logits)"
     return size, f"auto: {why} (--gpu-memory-utilization)"

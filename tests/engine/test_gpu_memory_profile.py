@@ -30,3 +30,11 @@ def test_the_profiled_step_runs_and_sizes_the_cache(tiny_model, monkeypatch):
     assert sampled == [(8, model.cfg.vocab_size)], "the profiled step did not sample one row per sequence"
     assert calls.count("reset_peak_memory_stats") == 1 and "empty_cache" in calls
     assert size == int(80 * GiB * 0.9) - 10 * GiB - 3 * GiB and "--gpu-memory-utilization" in why
+    # Decode graphs keep their logits between steps: the cache leaves room for them.
+    from shoal.nodes.worker.decode_graphs import graph_output_bytes, graph_sizes
+
+    kept = graph_output_bytes(model, 64)
+    assert kept == sum(graph_sizes(64)) * model.cfg.vocab_size * 4  # fp32 logits of 1, 2, 4, 8, 16, ..., 64 rows
+    with_graphs, why = gpu_memory.size_on_gpu(model, torch.float32, TorchOps(), tokens=256, rows=8, block_size=16,
+                                              utilization=0.9, graph_bytes=kept)
+    assert with_graphs == size - kept and "decode graphs" in why
