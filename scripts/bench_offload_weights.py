@@ -69,8 +69,10 @@ def run(model: str, prompts, out: int, fraction: float | None, batch: int, budge
     from shoal.sampling import SamplingParams
 
     if fraction is None:
+        # Eager: a resident engine on a GPU would capture decode graphs, whose replays read
+        # the weights where they were and never call the streamer attached below.
         eng = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, max_num_batched_tokens=budget,
-                                            device=device))
+                                            device=device, enforce_eager=True))
         eng.streamer = eng.model.streamer = WeightStreamer(eng.model, 0, resident_layers=0, overlap=False,
                                                            routed_experts_only=False)
         groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]

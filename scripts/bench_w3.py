@@ -215,7 +215,11 @@ def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None, device: s
 # -- Shoal through a local cluster ---------------------------------------------------------
 
 
-def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int | None, worker_args: list[str]) -> dict:
+def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int | None, worker_args: list[str],
+                      state_dir: Path | None = None, start_timeout: float = 600, job_timeout: float | None = None
+                      ) -> dict:
+    """`state_dir`: the cluster's folder (its nodes' logs in `logs/`); the timeouts bound
+    the cluster's start and the job (a device run has minutes, not hours)."""
     import shoal
     from cluster_stats import node_cpu_seconds, worker_stats
 
@@ -223,17 +227,22 @@ def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int | None, worker_arg
     items = read_jsonl(data / "questions.jsonl")[:n]
     if kv_cache_bytes is not None:  # None: the worker's own default
         worker_args = [f"--kv-cache-bytes={kv_cache_bytes}", *worker_args]
-    with shoal.LocalCluster(str(data / "model"), encoder=meta["encoder"], worker_args=worker_args) as cluster:
+    cluster = shoal.LocalCluster(str(data / "model"), encoder=meta["encoder"], worker_args=worker_args,
+                                 state_dir=state_dir)
+    try:
+        cluster.start(timeout=start_timeout)
         client = shoal.Client(cluster.router)
         client.load_index(str(data / "index"), "default")
         before = worker_stats(cluster)
         cpu0 = node_cpu_seconds(cluster)
         t0 = time.perf_counter()
-        records = client.submit(items, program="w3").wait()
+        records = client.submit(items, program="w3").wait(timeout=job_timeout)
         wall = time.perf_counter() - t0
         cpu1 = node_cpu_seconds(cluster)
         after = worker_stats(cluster)
         client.close()
+    finally:
+        cluster.stop()
     failed = [r for r in records if r.get("error")]
     if failed:
         raise RuntimeError(f"{len(failed)} questions failed, e.g. {failed[0]}")

@@ -85,7 +85,7 @@ def _digest(rows: list[dict]) -> str:
 def make_decoder(folder: str | Path, encoder: str | Path, dtype: str = "bfloat16", preset: str = "small") -> Path:
     from shoal.nodes.worker.models.make_model import make_model
 
-    if not Path(folder, "model.safetensors").exists():
+    if not Path(folder, "config.json").exists():  # written last: a run cut off mid-write makes it again
         make_model(folder, preset=preset, dtype=dtype, tokenizer=encoder)
     return Path(folder)
 

@@ -146,7 +146,8 @@ def make_model(out_dir: str | Path, preset: str = "tiny", architecture: str = "Q
     tok.save(str(out / "tokenizer.json"))
     weights = random_weights(raw, seed, parse_dtype(dtype))
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(raw, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": raw["eos_token_id"]}))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    # Last: a folder with a config is a whole model (scripts reuse one only then).
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
     return out
