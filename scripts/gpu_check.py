@@ -342,6 +342,7 @@ def w1_cluster(args, inprocess: dict | None) -> dict:
     try:
         cluster.start(timeout=240)
         client = shoal.Client(cluster.router)
+        prediction = predicted_job(client, job_items(work), model)
         t = time.perf_counter()
         results = client.submit(job_items(work), params={"ignore_eos": True}).wait(timeout=300)
         wall = time.perf_counter() - t
@@ -355,9 +356,27 @@ def w1_cluster(args, inprocess: dict | None) -> dict:
     out = {"ok": not failed, "wall": wall, "tokens_per_s": tokens / wall, "failed": len(failed)}
     if inprocess:
         out["cluster_over_inprocess"] = wall / inprocess["wall"]
+    if isinstance(prediction, str):
+        out["prediction"] = prediction
+    else:  # the simulator with the worker's own calibration (`shoal generate --dry-run`'s figure)
+        out["predicted_s"], out["prediction_error"] = prediction, prediction / wall - 1
     out["line"] = (f"{tokens / wall:,.0f} total tokens/s ({wall:.1f} s)"
-                   + (f", {100 * (out['cluster_over_inprocess'] - 1):+.1f}% over in-process" if inprocess else ""))
+                   + (f", {100 * (out['cluster_over_inprocess'] - 1):+.1f}% over in-process" if inprocess else "")
+                   + (f"; predicted {prediction:.1f} s ({100 * out['prediction_error']:+.0f}%)"
+                      if not isinstance(prediction, str) else f"; no prediction: {prediction}"))
     return out
+
+
+def predicted_job(client, items: list[dict], model: str) -> float | str:
+    """The job's seconds as `shoal generate --dry-run` predicts them from the cluster's
+    calibrated workers, or why there is no prediction."""
+    from shoal.cli.generate_plan import predict_items
+    from shoal.request_settings import GenerationSettings
+
+    try:
+        return predict_items(client, items, GenerationSettings.from_wire({"ignore_eos": True}), model).seconds
+    except Exception as e:  # the job runs all the same
+        return f"{type(e).__name__}: {e}"
 
 
 def w2(args) -> dict:
