@@ -106,9 +106,9 @@ def tile_rows(max_len: int, group: int) -> int:
 def tile_candidates(block_m: int, block_n: int, group_pad: int) -> list[tuple[int, int]]:
     """(BLOCK_M, BLOCK_N) to try, the preferred first, each smaller in shared memory than
     the one before: fewer keys a block down to 16, then fewer rows while a tile keeps 16
-    query vectors. Why: a tile's shared memory grows with both, and fp32 tiles of a 128-
-    or 256-wide head that fit a Hopper GPU's 227 KB do not fit an L4's 99 KB or, for 256,
-    an A100's 163 KB."""
+    query vectors. Why: a tile's shared memory grows with both, and a tile that fits a
+    Hopper GPU's 227 KB may not fit an L4's 99 KB (the prefill tiles of fp32 at a 128-wide
+    head, of bf16 at a 256-wide one; `tests/engine/test_triton_gpu_compile.py`)."""
     out = [(block_m, block_n)]
     while block_n > 16:
         block_n //= 2
