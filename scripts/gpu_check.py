@@ -16,7 +16,8 @@ with TF32 off), sampling (seeded top-p sampling on the GPU against the CPU engin
 the comparator's draw rule), w1 (W1-GPU in-process: the `qwen3-1.7b` preset in bf16,
 1,024 sequences, prompts and outputs in [128, 256], greedy, EOS ignored; total tokens/s,
 decode steps' bytes read per second against the copy rate, prefill's FLOP/s against the
-matmul rate, the calibration), transformers (the same work with `generate`, bf16, SDPA,
+matmul rate, the calibration), profile (torch's profiler over a decode burst and a
+prefill burst on the w1 engine: the top kernels and the device's busy share), transformers (the same work with `generate`, bf16, SDPA,
 static batches of 64 with left padding, on the first `--hf-sequences`), w1_cluster (the
 same job through a local cluster on the same GPU), w2 (MiniLM- and bge-base-shaped
 encoders against sentence-transformers in fp16) and structured (W1 prompts constrained
@@ -291,10 +292,84 @@ def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
     if prefill:
         out["prefill_flops_median"] = statistics.median(f / w for w, f in prefill)
         out["prefill_share_of_matmul"] = out["prefill_flops_median"] / limits_found["matmul_flops"]
+    if PROFILED["wanted"]:
+        PROFILED["engine"] = eng  # the profile section looks inside this engine's steps
     out["line"] = (f"{out['tokens_per_s']:,.0f} total tokens/s ({wall:.1f} s, {out['steps']} steps, attention "
                    f"{out['attention']}); decode >=128 rows at {100 * out.get('decode_share_of_copy_rate', 0):.0f}% "
                    f"of the copy rate, prefill at {100 * out.get('prefill_share_of_matmul', 0):.0f}% of the matmul rate")
     return out
+
+
+# The w1 section's engine, kept for the profile section when it runs next (then released).
+PROFILED: dict = {"wanted": False}
+
+
+def profile(args) -> dict:
+    """Where a step's time goes, for the session that tunes what the w1 figures show:
+    torch's profiler over a decode-heavy burst (256 sequences of 16 prompt tokens, 48
+    tokens each: one prefill step, then decode) and a prefill-only burst (64 prompts of
+    256 tokens, one token each), on the w1 engine (decode graphs and all). Per burst: the
+    kernels that took the most device time, and the device's busy share of the burst's
+    wall time (kernel time summed; far below 1 says the host is in the way)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from shoal.sampling import SamplingParams
+
+    eng = PROFILED.pop("engine", None)
+    if eng is None:  # run on its own: an engine of its own
+        from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+
+        eng = LLMEngine(big_model(args), EngineConfig(device=DEVICE, policy=args.policy))
+    vocab = eng.model_cfg.vocab_size
+    gen = torch.Generator().manual_seed(5)
+    n_dec, n_pre = (256, 64) if GPU else (16, 4)
+    bursts = {"decode": ([torch.randint(10, vocab, (16,), generator=gen).tolist() for _ in range(n_dec)],
+                         48 if GPU else 6),
+              "prefill": ([torch.randint(10, vocab, (256 if GPU else 32,), generator=gen).tolist()
+                           for _ in range(n_pre)], 1)}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if GPU else [])
+    out: dict = {"attention": eng.runner.ops.name if eng.runner.ops else "sdpa", "graphs": eng.setup.graphs_reason}
+    lines = []
+    for name, (prompts, n) in bursts.items():
+        eng.generate(prompts[:4], SamplingParams(max_tokens=n, ignore_eos=True))  # warm
+        sync()
+        steps0 = eng.stats.steps
+        with torch_profile(activities=activities) as prof:
+            t = time.perf_counter()
+            eng.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True))
+            sync()
+            wall = time.perf_counter() - t
+        rows = profile_rows(prof, GPU)
+        busy = sum(r["ms"] for r in rows) / 1e3 if GPU else None
+        steps = eng.stats.steps - steps0
+        out[name] = {"wall_s": wall, "steps": steps, "ms_per_step": 1e3 * wall / max(1, steps),
+                     "device_busy_share": busy / wall if busy is not None else None, "top": rows[:15]}
+        lines.append(f"{name} {1e3 * wall / max(1, steps):.1f} ms/step"
+                     + (f", device busy {100 * busy / wall:.0f}%" if busy is not None else "")
+                     + (f", top {rows[0]['name'][:40]} {rows[0]['share']:.0%}" if rows else ""))
+    out["line"] = "; ".join(lines)
+    return out
+
+
+def profile_rows(prof, device_kernels: bool) -> list[dict]:
+    """The profiler's operators (device kernels on a GPU, host operators on a CPU) by the
+    time they took themselves, most first, each with its share of the total."""
+    stats = []
+    for ev in prof.key_averages():
+        if device_kernels:
+            # Device-side kernels only (not the host operators that launched them).
+            if str(getattr(ev, "device_type", "")).split(".")[-1] != "CUDA":
+                continue
+            us = getattr(ev, "self_device_time_total", None)
+            us = getattr(ev, "self_cuda_time_total", 0) if us is None else us
+        else:
+            us = ev.self_cpu_time_total
+        if us > 0:
+            stats.append((us, ev.key, ev.count))
+    total = sum(us for us, _, _ in stats) or 1
+    return [{"name": k, "ms": us / 1e3, "calls": c, "share": us / total}
+            for us, k, c in sorted(stats, reverse=True)]
 
 
 def transformers_w1(args) -> dict:
@@ -659,7 +734,7 @@ def w4(args) -> dict:
             "line": "; ".join(rows)}
 
 
-SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "transformers", "w1_cluster", "w2",
+SECTIONS = ("env", "limits", "greedy_fp32", "greedy_bf16", "sampling", "w1", "profile", "transformers", "w1_cluster", "w2",
             "structured", "streaming", "w3", "w4", "w6")
 NEEDS = {"w3": ["zmq", "orjson", "etcd3"], "greedy_fp32": ["transformers"], "greedy_bf16": ["transformers"], "transformers": ["transformers"],
          "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
@@ -685,6 +760,7 @@ def main() -> int:
     unknown = set(only) - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    PROFILED["wanted"] = "profile" in only
     os.environ.setdefault("SHOAL_STATE_DIR", str(Path(args.work).resolve() / "state"))
     Path(args.work).mkdir(parents=True, exist_ok=True)
     report: dict = {"device": DEVICE, "sections": {}}
@@ -697,6 +773,7 @@ def main() -> int:
     runs = {"env": lambda: env(args), "limits": lambda: limits(args), "greedy_fp32": lambda: greedy(args, "float32"),
             "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
             "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
+            "profile": lambda: profile(args),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
             "w2": lambda: w2(args), "structured": lambda: structured(args),
             "streaming": lambda: streaming(args), "w3": lambda: w3(args), "w4": lambda: w4(args),
