@@ -277,10 +277,10 @@ class LLMEngine:
         self.last_step_work = (prefill, sum(1 for _, n in chunks if n == 1))
         self.stats.rows_stepped += len(chunks)
         finished = self._sample([chunks[i][0] for i in logit_chunks], logits, (constrained, masks))
-        model_s, sample_s = self.clock.finish()
-        self.stats.time_model += model_s
-        self.stats.time_sample += sample_s
-        self._split_model_time(model_s, *self.last_step_work)
+        for model_s, sample_s, work in self.clock.finish(self.last_step_work, synced=bool(logit_chunks)):
+            self.stats.time_model += model_s
+            self.stats.time_sample += sample_s
+            self._split_model_time(model_s, *work)
         self.stats.steps += 1
         return finished
 

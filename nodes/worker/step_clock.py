@@ -2,9 +2,11 @@
 
 On a CPU the host clock says it. On a GPU the host only queues the model's kernels and
 returns at once; the sampler's read of the chosen tokens is where it waits. So the
-split is taken from two CUDA events recorded on the stream around the model, read once
-the step has synchronized anyway (no extra wait), and sampling is the rest of the
-step's wall time.
+split is taken from CUDA events on the stream: one before the model, one after it, one
+when the step ends; model time is the first gap, sampling (with whatever the host did
+before the step ended) the second. They are read once a step has synchronized anyway:
+a step that samples nothing (every row a chunk of a longer prompt) never waits for the
+device, so its events are kept and read at the next step that does. No extra wait.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import torch
 
 
 class StepClock:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, event=None):
+        """`event`: the timing event's class (torch.cuda.Event; a test gives its own)."""
         self.gpu = device.type == "cuda"
+        self._event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self._pending: list[tuple] = []  # (events, work) of GPU steps that did not synchronize
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
         if self.gpu:
-            self.e0, self.e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.e0, self.e1 = self._event(), self._event()
             self.e0.record()
 
     def model_done(self) -> None:
@@ -29,12 +34,17 @@ class StepClock:
             self.e1.record()
         self.t1 = time.perf_counter()
 
-    def finish(self) -> tuple[float, float]:
-        """(model seconds, sampling seconds), after the step has read its tokens back."""
-        wall = time.perf_counter() - self.t0
-        if self.gpu:
-            self.e1.synchronize()  # already passed: the sampler read the tokens after it
-            model = min(wall, self.e0.elapsed_time(self.e1) / 1e3)
-        else:
-            model = self.t1 - self.t0
-        return model, wall - model
+    def finish(self, work, synced: bool) -> list[tuple[float, float, object]]:
+        """(model seconds, sampling seconds, `work`) of each step whose times are known
+        now: this one's and those of earlier steps that did not synchronize, once one
+        that did (`synced`: it read tokens back from the device) comes."""
+        if not self.gpu:
+            return [(self.t1 - self.t0, time.perf_counter() - self.t1, work)]
+        end = self._event()
+        end.record()
+        self._pending.append(((self.e0, self.e1, end), work))
+        if not synced:
+            return []
+        end.synchronize()  # at once: the stream ran dry when the tokens were read
+        done, self._pending = self._pending, []
+        return [(e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3, w) for (e0, e1, e2), w in done]
