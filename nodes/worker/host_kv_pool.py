@@ -1,6 +1,6 @@
-"""Host memory for the KV of preempted sequences: one arena allocated at start (pinned
-on a GPU host), in which each offloaded sequence takes a contiguous span in the
-canonical layout [layers, 2, tokens, kv_heads, head_dim].
+"""Host memory for the KV of preempted sequences: one arena allocated at start
+(page-locked on a GPU host, as it is: `page_lock.py`), in which each offloaded sequence
+takes a contiguous span in the canonical layout [layers, 2, tokens, kv_heads, head_dim].
 
 On a GPU a preemption gathers the sequence's blocks on the device and copies them to
 its span on a copy stream of its own, so the steps that follow do not wait for the
@@ -15,10 +15,15 @@ pages are committed only as spans are first written.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from shoal.nodes.worker.kv_cache import KVCache
+from shoal.nodes.worker.page_lock import lock_for_life
 from shoal.nodes.worker.span_allocator import SpanAllocator
+
+log = logging.getLogger(__name__)
 
 
 class HostKVPool:
@@ -28,10 +33,13 @@ class HostKVPool:
         self.token_elems = 2 * len(cache.layers) * layer.shape[-2] * layer.shape[-1]
         self.token_bytes = self.token_elems * layer.element_size()
         self.gpu = cache.device.type == "cuda"
-        if self.gpu and capacity_bytes > 0:  # torch's pinned allocator rounds a request up to a power of
-            capacity_bytes = 1 << (capacity_bytes.bit_length() - 1)  # two: 3 GiB asked would pin 4
         tokens = max(0, capacity_bytes // self.token_bytes)
-        self.arena = torch.empty(tokens * self.token_elems, dtype=layer.dtype, pin_memory=self.gpu)
+        self.arena = torch.empty(tokens * self.token_elems, dtype=layer.dtype)
+        if self.gpu and tokens:
+            # Locked as it is (`page_lock.py`): pin_memory() would round 12 GiB up to 16.
+            why = lock_for_life(self, self.arena)
+            if why is not None:
+                log.warning("[offload] the host KV pool is left pageable (%s): its copies will hold the host", why)
         self.spans = SpanAllocator(tokens)
         self.stream = torch.cuda.Stream(cache.device) if self.gpu else None
 

@@ -1,15 +1,14 @@
 """Weight streaming for a device that cannot hold the model (`--device-memory BYTES`).
 
 The embeddings, the final norm, the output projection and as many decoder layers as fit
-stay resident; the other layers' weights live in host memory (pinned on a GPU) and are
-copied into one of two device slots just ahead of use: while layer i computes, the next
-streamed layer's weights are copied into the other slot (`weight_copies.py`: on a CPU on
-a copy thread; on a GPU on a CUDA stream of their own, ordered against the compute
-stream by events, so that copies overlap kernels and the host never waits on either;
-not yet run on a GPU). A mixture-of-experts
-layer's experts are copied only once the router has
-chosen them, and only those some token of the step chose: experts nobody routes to cost
-no bytes.
+stay resident; the other layers' weights live in host memory (`host_layer.py`: one
+allocation per layer, page-locked on a GPU) and are copied into one of two device slots
+just ahead of use: while layer i computes, the next streamed layer's weights are copied
+into the other slot (`weight_copies.py`: on a CPU on a copy thread; on a GPU on a CUDA
+stream of their own, ordered against the compute stream by events, so that copies
+overlap kernels and the host never waits on either; not yet run on a GPU). A
+mixture-of-experts layer's experts are copied only once the router has chosen them, and
+only those some token of the step chose: experts nobody routes to cost no bytes.
 
 Each streamed layer's parameters are bound, once, to views of its slot (layers
 alternate between the two), so a fetch is a copy into memory the modules already read:
@@ -34,6 +33,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from shoal.nodes.worker.host_layer import HostLayer
+from shoal.nodes.worker.page_lock import page_lock
 from shoal.nodes.worker.weight_copies import copies_for
 from shoal.scheduler.fetch_cost import FetchCost
 
@@ -94,17 +95,18 @@ class WeightStreamer:
         self.host: dict[int, dict[str, torch.Tensor]] = {}
         self.slots: list[dict[str, torch.Tensor]] = [{}, {}]
         self._on_gpu = device.type == "cuda"
+        self._host_layers: list[HostLayer] = []  # (they own the host memory, and unlock it when freed)
         for i in self.streamed:
             slot_params = self.slots[self.position[i] % 2]
-            host = {}
+            # A copy of its own on the host, in one allocation (page-locked for a GPU's asynchronous copies).
+            host = HostLayer(layers[i].named_parameters(), lock=page_lock if self._on_gpu else None)
+            self._host_layers.append(host)
             for name, p in layers[i].named_parameters():
-                # A copy of its own on the host (pinned for a GPU's asynchronous copies).
-                host[name] = p.detach().cpu().pin_memory() if self._on_gpu else p.detach().clone()
                 if name not in slot_params:
                     # Zeroed, so its pages exist before the first copy is timed.
                     slot_params[name] = torch.zeros(p.shape, dtype=p.dtype, device=device)
-                p.data = slot_params[name]  # the layer reads its slot from now on
-            self.host[i] = host
+                p.data = slot_params[name]  # the layer reads its slot from now on (its loaded copy is freed)
+            self.host[i] = host.views
             mlp = getattr(layers[i], "mlp", None)
             if hasattr(mlp, "router"):
                 mlp.on_experts = lambda used, i=i: self.fetch_experts(i, used)
