@@ -15,7 +15,7 @@ from shoal.nodes.worker.page_lock import lock_for_life, page_unlock
 
 log = logging.getLogger(__name__)
 
-ALIGN = 4096  # each weight starts on a page of its own: aligned for any dtype and for DMA
+ALIGN = 4096  # each weight at a multiple of 4 KB from the allocation's start: aligned for any dtype
 
 
 class HostLayer:

@@ -1,4 +1,4 @@
-"""Host memory page-locked in place for a GPU's copies (`cudaHostRegister`).
+"""Host memory page-locked in place for a GPU's copies (`cuMemHostRegister`).
 
 A copy from page-locked ("pinned") host memory is DMA that does not hold the host; from
 pageable memory CUDA stages it through a buffer of its own, and the host waits. torch's
@@ -12,25 +12,42 @@ more.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import weakref
 
 import torch
+
+CU_MEMHOSTREGISTER_PORTABLE = 1
+
+
+@functools.cache
+def _driver():
+    """The CUDA driver library, through which memory is registered: a failed call of the
+    runtime's `cudaHostRegister` would leave its error pending on the thread, and torch's
+    next kernel launch would raise it as its own; the driver's calls leave nothing behind."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    lib.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
+    return lib
 
 
 def page_lock(ptr: int, size: int) -> str | None:
     """Registers host memory with CUDA (locked, mapped for DMA); None when it took, else
     why not."""
     try:
-        err = int(torch.cuda.cudart().cudaHostRegister(ptr, size, 1))  # 1: cudaHostRegisterPortable
-    except (AttributeError, RuntimeError) as e:
+        torch.cuda.synchronize()  # (makes this thread's CUDA context current for the driver's call)
+        err = _driver().cuMemHostRegister_v2(ptr, size, CU_MEMHOSTREGISTER_PORTABLE)
+    except Exception as e:  # no driver, torch without CUDA, no device: the memory stays pageable
         return f"{type(e).__name__}: {e}"
-    return None if err == 0 else f"cudaHostRegister returned CUDA error {err}"
+    return None if err == 0 else f"cuMemHostRegister returned CUDA error {err}"
 
 
 def page_unlock(ptr: int) -> None:
     try:
-        torch.cuda.cudart().cudaHostUnregister(ptr)
-    except (AttributeError, RuntimeError):
+        torch.cuda.synchronize()  # no copy from or to it is still under way on any stream
+        _driver().cuMemHostUnregister(ptr)
+    except Exception:
         pass  # the process is ending: its CUDA context, and the registrations with it, go too
 
 
@@ -46,5 +63,5 @@ def lock_for_life(owner: object, tensor: torch.Tensor, lock=page_lock, unlock=pa
     pageable: copies from it are still right, no longer asynchronous)."""
     why = lock(tensor.data_ptr(), tensor.numel() * tensor.element_size())
     if why is None:
-        weakref.finalize(owner, _unlock_then_free, unlock, tensor.data_ptr(), tensor)
+        weakref.finalize(owner, _unlock_then_free, unlock, tensor.data_ptr(), tensor).atexit = False
     return why

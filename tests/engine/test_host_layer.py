@@ -72,3 +72,14 @@ def test_lock_for_life_unlocks_before_the_memory_goes():
     gc.collect()
     assert events == [("lock", ptr, 1 << 17), ("unlock", ptr)]
     assert lock_for_life(Owner(), torch.empty(8), lock=lambda p, n: "refused") == "refused"
+
+
+def test_the_real_lock_without_a_gpu_says_why_and_raises_nothing():
+    from shoal.nodes.worker.page_lock import page_lock, page_unlock
+
+    t = torch.empty(1 << 12, dtype=torch.uint8)
+    why = page_lock(t.data_ptr(), t.numel())
+    assert isinstance(why, str) and why
+    page_unlock(t.data_ptr())
+    layer = HostLayer(weights(), lock=page_lock)  # the streamer's call on a machine whose CUDA is missing
+    assert not layer.locked
