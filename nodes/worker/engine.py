@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from shoal.constraint import ConstraintError
+from shoal.nodes.process_memory import heap_frozen_while
 from shoal.nodes.worker import logits_processing as lp
 from shoal.nodes.worker.engine_config import EngineConfig, EngineStats, RequestOutput
 from shoal.nodes.worker.grammar_cache import GrammarCache
@@ -552,9 +553,10 @@ class LLMEngine:
             else:
                 self.add_request(sid, prompt_token_ids=prompt, params=p)
         done: dict = {}
-        while self.has_unfinished():
-            for out in self.step():
-                done[out.seq_id] = out
+        with heap_frozen_while():
+            while self.has_unfinished():
+                for out in self.step():
+                    done[out.seq_id] = out
         return [done[sid] for sid in seq_ids]
 
     # -- sequence state ----------------------------------------------------------------

@@ -65,3 +65,35 @@ def test_startup_heap_is_frozen_out_of_full_collections():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_heap_frozen_while_work_runs_and_given_back_after():
+    """In-process work: what is alive at its start is out of the collector's generations
+    while it runs and back after (so that a cycle dropped later is still collected); a
+    heap frozen already (a node's) is left as it is."""
+    code = textwrap.dedent("""
+        import gc
+        from shoal.nodes.process_memory import heap_frozen_while
+        class Cycle: pass
+        a, b = Cycle(), Cycle(); a.b, b.a = b, a
+        alive = [[i] for i in range(20_000)]
+        with heap_frozen_while():
+            assert gc.get_freeze_count() >= 20_000
+            with heap_frozen_while():  # within: nothing more
+                inner = gc.get_freeze_count()
+            assert gc.get_freeze_count() == inner
+            c, d = Cycle(), Cycle(); c.d, d.c = d, c
+            del c, d
+            assert gc.collect() >= 2  # garbage made during the work is collected
+        assert gc.get_freeze_count() == 0
+        del a, b  # alive at the start, dropped after: collected, not kept frozen for good
+        assert gc.collect() >= 2
+        gc.freeze()
+        n = gc.get_freeze_count()
+        with heap_frozen_while():
+            pass
+        assert gc.get_freeze_count() == n  # a node's frozen heap is not unfrozen
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
