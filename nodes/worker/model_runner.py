@@ -18,6 +18,9 @@ GEMM (paged_attention.cpp) they lead it on every chunk shape measured, 1.2-3.3x.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 from shoal.nodes.worker.attention import AttentionMetadata, PrefillSpan, chunk_mask
@@ -41,6 +44,71 @@ class ModelRunner:
     def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
         the last token of every chunk whose `sample_mask` is set, with their chunk index."""
+        built = self._decode_inputs(chunks, sample_mask) if all(n == 1 for _, n in chunks) else None
+        host, meta, logit_chunks = built if built is not None else self._inputs(chunks, sample_mask)
+        dev = stage(host, self.device)
+        if (self.graphs is not None and meta.num_decodes == len(chunks) and len(logit_chunks) == len(chunks)
+                and self.graphs.size_for(len(chunks)) is not None):
+            return self.graphs.run(dev, len(chunks)), logit_chunks
+        for name in ("slot_mapping", "span_rows", "span_lens", "span_ctx", "span_tables", "decode_slots", "decode_mask"):
+            if name in dev:
+                setattr(meta, name, dev[name])
+        for span in meta.prefills:  # the reference path's chunks (and SDPA's large ones): per chunk
+            span.slots = span.slots.to(self.device) if span.slots is not None else None
+            span.mask = span.mask.to(self.device) if span.mask is not None else None
+        logits = self.model(dev["ids"], dev["pos"], self.cache.layers, meta, dev["logit_rows"])
+        return logits, logit_chunks
+
+    def _decode_inputs(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]):
+        """`_inputs` for a step of one token per sequence (most steps of a large batch),
+        built column by column with numpy instead of row by row: at a thousand sequences
+        the row loop was the largest part of the host's time per step, which on a GPU is
+        time the device waits. None where a block table holds more blocks than its
+        context needs (the general path slices it)."""
+        bs, b = self.bs, len(chunks)
+        seqs = [seq for seq, _ in chunks]
+        pos_list = [seq.num_computed for seq in seqs]
+        tables = [seq.block_table for seq in seqs]
+        pos = np.array(pos_list, dtype=np.int64)
+        widths = np.fromiter(map(len, tables), dtype=np.int64, count=b)
+        if not np.array_equal(widths, pos // bs + 1):
+            return None
+        table = np.zeros((b, int(widths.max())), dtype=np.int64)
+        table[np.arange(table.shape[1]) < widths[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(tables), dtype=np.int64, count=int(widths.sum()))
+        logit_chunks = [i for i, m in enumerate(sample_mask) if m]
+        meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_size=bs, ops=self.ops)
+        meta.num_decodes = b
+        ctx = torch.from_numpy(pos + 1)
+        table_t = torch.from_numpy(table)
+        host = {"ids": torch.tensor([seq.token(k) for seq, k in zip(seqs, pos_list)], dtype=torch.long),
+                "pos": torch.from_numpy(pos), "logit_rows": torch.tensor(logit_chunks, dtype=torch.long),
+                "slot_mapping": torch.from_numpy(table[np.arange(b), pos // bs] * bs + pos % bs)}
+        self._span_inputs(host, meta, torch.arange(b), torch.ones(b, dtype=torch.long), ctx, table_t)
+        return host, meta, logit_chunks
+
+    def _span_inputs(self, host: dict, meta: AttentionMetadata, rows: torch.Tensor, lens: torch.Tensor,
+                     ctx: torch.Tensor, table: torch.Tensor) -> None:
+        """The paged spans' tensors (kernel path), or the decodes' gathered slots and mask
+        (reference path), into `host` and `meta`."""
+        bs = self.bs
+        if self.ops is not None:
+            host.update(span_rows=rows, span_lens=lens, span_ctx=ctx, span_tables=table)
+            meta.span_max_len, meta.span_max_ctx = int(lens.max()), int(ctx.max())
+            return
+        # Only decodes are spans here: pad each to the longest context, mask the rest.
+        b, L = len(rows), int(ctx.max())
+        slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
+        valid = torch.arange(L).unsqueeze(0) < ctx.unsqueeze(1)
+        # Padding reads the sequence's own first token: a slot never written holds
+        # whatever the memory held, and a NaN there survives the mask (0 * NaN).
+        slots = torch.where(valid, slots, slots[:, :1])
+        meta.decode_len = L
+        host.update(decode_slots=slots.reshape(-1), decode_mask=valid.view(b, 1, 1, L))
+
+    def _inputs(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]):
+        """The step's host tensors (`stage` moves them), its attention metadata and the
+        chunks that sample, row by row: decode-like chunks first, then each longer one."""
         bs = self.bs
         order = sorted(range(len(chunks)), key=lambda i: chunks[i][1] != 1)
         ids: list[int] = []
@@ -105,32 +173,9 @@ class ModelRunner:
         if rows:
             width = max(map(len, tables))
             table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-            if self.ops is not None:
-                host.update(span_rows=torch.tensor(rows, dtype=torch.long), span_lens=torch.tensor(lens, dtype=torch.long),
-                            span_ctx=torch.tensor(ctxs, dtype=torch.long), span_tables=table)
-                meta.span_max_len, meta.span_max_ctx = max(lens), max(ctxs)
-            else:  # only decodes are spans here: pad each to the longest context, mask the rest
-                b, L = len(rows), max(ctxs)
-                ctx_t = torch.tensor(ctxs, dtype=torch.long)
-                slots = (table.unsqueeze(2) * bs + torch.arange(bs)).view(b, -1)[:, :L]
-                valid = torch.arange(L).unsqueeze(0) < ctx_t.unsqueeze(1)
-                # Padding reads the sequence's own first token: a slot never written holds
-                # whatever the memory held, and a NaN there survives the mask (0 * NaN).
-                slots = torch.where(valid, slots, slots[:, :1])
-                meta.decode_len = L
-                host.update(decode_slots=slots.reshape(-1), decode_mask=valid.view(b, 1, 1, L))
-        dev = stage(host, self.device)
-        if (self.graphs is not None and meta.num_decodes == len(chunks) and len(logit_rows) == len(chunks)
-                and self.graphs.size_for(len(chunks)) is not None):
-            return self.graphs.run(dev, len(chunks)), logit_chunks
-        for name in ("slot_mapping", "span_rows", "span_lens", "span_ctx", "span_tables", "decode_slots", "decode_mask"):
-            if name in dev:
-                setattr(meta, name, dev[name])
-        for span in meta.prefills:  # the reference path's chunks (and SDPA's large ones): per chunk
-            span.slots = span.slots.to(self.device) if span.slots is not None else None
-            span.mask = span.mask.to(self.device) if span.mask is not None else None
-        logits = self.model(dev["ids"], dev["pos"], self.cache.layers, meta, dev["logit_rows"])
-        return logits, logit_chunks
+            self._span_inputs(host, meta, torch.tensor(rows, dtype=torch.long), torch.tensor(lens, dtype=torch.long),
+                              torch.tensor(ctxs, dtype=torch.long), table)
+        return host, meta, logit_chunks
 
 
 def stage(host: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
