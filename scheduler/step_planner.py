@@ -1,7 +1,8 @@
 """Step planning: which sequences run how many tokens in the next engine step.
 
 Pure: it sees sequences as `SeqView`s and the number of free KV blocks, and returns a
-`StepPlan`; the engine applies it. This is the MB policy (chunked prefill mixed with
+`StepPlan`; the engine applies it. (The engine hands its running sequences over as they
+are: they have a SeqView's fields. A planner reads them and never changes them.) This is the MB policy (chunked prefill mixed with
 decode under a token budget, as vLLM v1 and Sarathi-Serve do); EB and EB+ plug in here.
 """
 

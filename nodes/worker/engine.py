@@ -294,8 +294,7 @@ class LLMEngine:
 
     def _plan(self):
         bs = self.config.block_size
-        running = [SeqView(s.seq_id, s.num_tokens, s.num_computed, len(s.block_table), 0, s.num_prompt_tokens)
-                   for s in self.running]
+        running = self.running  # each running Sequence is its own SeqView
         room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
         waiting, cached = [], {}
         for s in self._admissible(max(0, room)):
