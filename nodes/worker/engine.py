@@ -259,7 +259,8 @@ class LLMEngine:
                 raise RuntimeError(f"engine stalled: {len(self.waiting)} waiting sequences, none admissible "
                                    f"with {self.blocks.num_free} free KV blocks")
             return []
-        sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
+        sample_mask = [seq.num_computed + n == len(seq.prompt_token_ids) + len(seq.output_token_ids)
+                       for seq, n in chunks]
         # The grammar masks of the rows about to sample depend only on tokens already
         # generated: they are filled on another thread while the model runs.
         constrained = [seq for (seq, _), s in zip(chunks, sample_mask) if s and seq.matcher is not None]
@@ -269,8 +270,9 @@ class LLMEngine:
         self.clock.model_done()
         prefill = 0
         for seq, n in chunks:
-            if seq.num_computed < seq.num_prompt_tokens:
-                prefill += min(n, seq.num_prompt_tokens - seq.num_computed)
+            left = len(seq.prompt_token_ids) - seq.num_computed
+            if left > 0:
+                prefill += min(n, left)
             self._advance(seq, n)
         self.stats.prompt_tokens_computed += prefill
         # What this step ran, (prefill tokens, decoding sequences): the encode planner
@@ -352,14 +354,14 @@ class LLMEngine:
                 seq.status = SeqStatus.RUNNING
         # Offloaded ones come back by a copy (after the cached blocks above were taken).
         chunks = [(seq, n) for seq, n in chunks if seq.status == SeqStatus.RUNNING or self._restore(seq)]
-        out = []
+        out, bs, blocks = [], self.config.block_size, self.blocks
         for seq, n in chunks:
-            need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
-            if need > self.blocks.num_free:  # planner's estimate missed shared blocks
-                self._preempt(seq)
-                continue
-            if need > 0:
-                seq.block_table.extend(self.blocks.allocate(need))
+            need = -(-(seq.num_computed + n) // bs) - len(seq.block_table)
+            if need > 0:  # (most decode steps: none)
+                if need > blocks.num_free:  # planner's estimate missed shared blocks
+                    self._preempt(seq)
+                    continue
+                seq.block_table.extend(blocks.allocate(need))
             out.append((seq, n))
         return out
 
@@ -452,17 +454,17 @@ class LLMEngine:
         if log_probs is not None:
             self._record_logprobs([seqs[i] for i in want_lp], [tokens[i] for i in want_lp], log_probs)
         finished = []
+        self.stats.generated_tokens += len(seqs)
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             seq.output_token_ids.append(tok)
             if margins is not None and seq.params.return_margins:
                 seq.margins.append(float(margins[i]))
                 if i in draws:
                     seq.draws.append(draws[i].to_list())
-            self.stats.generated_tokens += 1
             reason = self._finish_reason(seq, tok)
             if reason:
                 finished.append(self._finish(seq, reason))
-            else:
+            elif self.park_at:
                 self._park_if_asked(seq)
         return finished
 
