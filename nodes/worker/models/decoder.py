@@ -162,11 +162,13 @@ class DecoderLM(nn.Module):
         kv_caches: list[torch.Tensor],
         meta: AttentionMetadata,
         logit_rows: torch.Tensor,
+        logits_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Runs the step's tokens; returns logits for `logit_rows` only (the tokens
         that sample), since the vocabulary projection is costly. They stay in the
         model's dtype: the greedy pick reads bf16 as it is, and the sampler widens
-        only the rows it samples."""
+        only the rows it samples. `logits_out` (ops path): written there, as decode
+        graphs want (every captured size writes one buffer)."""
         if meta.ops is not None:
             sampled = logit_rows.shape[0]
             if self.pad_rows:
@@ -181,6 +183,8 @@ class DecoderLM(nn.Module):
             x = meta.ops.rms_norm(x[logit_rows], residual[logit_rows], self.norm.weight, self.norm.eps)
             if self.streamer is not None:
                 self.streamer.after_step(positions.shape[0])
+            if logits_out is not None:  # (F.linear's own multiply: the same product, into the buffer)
+                return torch.mm(x[:sampled], self.lm_head.weight.t(), out=logits_out)
             return self.lm_head(x)[:sampled]
         x = self.embed(input_ids)
         cos, sin = self.rope.tables(positions, x.dtype)
