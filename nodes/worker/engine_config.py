@@ -47,7 +47,10 @@ class EngineConfig:
     # throughput is within 90% of the best probed; `CostModel.step_budget`), or
     # DEFAULT_BUDGET where there is no calibration. `budget_reason` says which.
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
+    # Sequences a step may hold. None: 1,024 on a GPU of 70 GiB or more (an H100's
+    # decode is bound by memory traffic well past 256 rows, and a wider step reads the
+    # weights once for more tokens; vLLM's offline default for that class), else 256.
+    max_num_seqs: int | None = None
     chunked_prefill: bool = True
     prefix_caching: bool = True
     # Host memory for the KV of sequences preempted when blocks run out: restored by a

@@ -57,6 +57,22 @@ class EngineSetup:
     largest_step: tuple[int, int] | None = None
 
 
+DEFAULT_MAX_SEQS, LARGE_GPU_MAX_SEQS = 256, 1024
+LARGE_GPU_BYTES = 70 * 2**30
+
+
+def default_max_seqs(device, total_bytes: int | None = None) -> tuple[int, str]:
+    """Sequences a step may hold when none is set, and why: more on a GPU with the memory
+    for their KV (`total_bytes`: the device's, read from it when not given)."""
+    if not device.is_gpu:
+        return DEFAULT_MAX_SEQS, "the default"
+    if total_bytes is None:
+        total_bytes = torch.cuda.get_device_properties(torch.device(device.name)).total_memory
+    if total_bytes >= LARGE_GPU_BYTES:
+        return LARGE_GPU_MAX_SEQS, f"a GPU of {total_bytes / 2**30:.0f} GiB (70 or more)"
+    return DEFAULT_MAX_SEQS, f"a GPU of {total_bytes / 2**30:.0f} GiB (under 70)"
+
+
 def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     device = choose_device(config.device)
     label = device_label(device.name)
@@ -70,9 +86,13 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
         log.info("[dtype] %s: %s", dtype_choice.name, dtype_choice.reason)
     kv_dtype_choice = choose_kv_cache_dtype(config.kv_cache_dtype, config.dtype, dtype_choice, model_dir)
     auto_budget = config.max_num_batched_tokens is None
+    max_seqs, seqs_reason = ((config.max_num_seqs, "as set") if config.max_num_seqs is not None
+                             else default_max_seqs(device))
+    log.info("[engine] up to %d sequences a step: %s", max_seqs, seqs_reason)
     # Calibration and stats name what runs; the budget is the default until a calibration says otherwise.
     config = replace(config, device=device.name, dtype=dtype_choice.name, kv_cache_dtype=kv_dtype_choice.name,
-                     max_num_batched_tokens=DEFAULT_BUDGET if auto_budget else config.max_num_batched_tokens)
+                     max_num_batched_tokens=DEFAULT_BUDGET if auto_budget else config.max_num_batched_tokens,
+                     max_num_seqs=max_seqs)
     # A GPU that is to hold only part of the model gets it from the host: the streamer
     # keeps the streamed layers there (pinned) and moves the rest.
     load_to = "cpu" if config.device_memory and device.is_gpu else device.name
