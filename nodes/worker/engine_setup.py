@@ -61,16 +61,18 @@ DEFAULT_MAX_SEQS, LARGE_GPU_MAX_SEQS = 256, 1024
 LARGE_GPU_BYTES = 70 * 2**30
 
 
-def default_max_seqs(device, total_bytes: int | None = None) -> tuple[int, str]:
+def default_max_seqs(device, total_bytes: int | None = None, share: int = 1) -> tuple[int, str]:
     """Sequences a step may hold when none is set, and why: more on a GPU with the memory
-    for their KV (`total_bytes`: the device's, read from it when not given)."""
+    for their KV (`total_bytes`: the device's, read from it when not given; `share`: the
+    workers it is split among, each counting its part)."""
     if not device.is_gpu:
         return DEFAULT_MAX_SEQS, "the default"
     if total_bytes is None:
         total_bytes = torch.cuda.get_device_properties(torch.device(device.name)).total_memory
-    if total_bytes >= LARGE_GPU_BYTES:
-        return LARGE_GPU_MAX_SEQS, f"a GPU of {total_bytes / 2**30:.0f} GiB (70 or more)"
-    return DEFAULT_MAX_SEQS, f"a GPU of {total_bytes / 2**30:.0f} GiB (under 70)"
+    what = f"a GPU of {total_bytes / 2**30:.0f} GiB" + (f" shared by {share} workers" if share > 1 else "")
+    if total_bytes / max(1, share) >= LARGE_GPU_BYTES:
+        return LARGE_GPU_MAX_SEQS, f"{what} (70 GiB or more each)"
+    return DEFAULT_MAX_SEQS, f"{what} (under 70 GiB each)"
 
 
 def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
@@ -87,7 +89,7 @@ def set_up(model_dir: str | Path, config: EngineConfig) -> EngineSetup:
     kv_dtype_choice = choose_kv_cache_dtype(config.kv_cache_dtype, config.dtype, dtype_choice, model_dir)
     auto_budget = config.max_num_batched_tokens is None
     max_seqs, seqs_reason = ((config.max_num_seqs, "as set") if config.max_num_seqs is not None
-                             else default_max_seqs(device))
+                             else default_max_seqs(device, share=config.gpu_share))
     log.info("[engine] up to %d sequences a step: %s", max_seqs, seqs_reason)
     # Calibration and stats name what runs; the budget is the default until a calibration says otherwise.
     config = replace(config, device=device.name, dtype=dtype_choice.name, kv_cache_dtype=kv_dtype_choice.name,

@@ -80,7 +80,7 @@ class Sequence:
 
     @property
     def decoding(self) -> bool:
-        return self.num_computed >= len(self.prompt_token_ids)  # (a prompt is never empty)
+        return bool(self.prompt_token_ids) and self.num_computed >= len(self.prompt_token_ids)
 
     def token(self, i: int) -> int:
         p = len(self.prompt_token_ids)

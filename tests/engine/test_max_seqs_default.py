@@ -16,6 +16,8 @@ def test_the_default_follows_the_device():
     n, why = default_max_seqs(gpu, total_bytes=24 * GiB)  # an L4
     assert n == 256 and "24 GiB" in why
     assert default_max_seqs(choose_device("cpu", cuda_count=0))[0] == 256
+    n, why = default_max_seqs(gpu, total_bytes=80 * GiB, share=2)  # two workers on one H100
+    assert n == 256 and "shared by 2 workers" in why
 
 
 def test_the_engine_resolves_it(tiny_model):

@@ -93,12 +93,21 @@ def test_moved_mid_hop_and_worker_killed(faults_cluster):
 
 def test_storage_node_with_shards_killed(faults_cluster):
     c, client, work, ref = faults_cluster
+    workers = [w for w in ("worker-0", "worker-1", "worker-2") if w in c.nodes and c.process(w).poll() is None]
+
+    def searches() -> int:
+        return sum(counters(c, w)["retrieve"]["searches"] for w in workers)
+
+    before = searches()
     job = client.submit(work, program="ircot", params=PARAMS)
-    wait_until(lambda: job.status()["done"] >= 1, 60, "a first answer")
+    # Killed after the first hop's search, not the first answer: every item runs its
+    # hops in step with the others (their thoughts add up alike), so by the first answer
+    # no search may be left to fail over.
+    wait_until(lambda: searches() > before, 60, "a first search")
     c.process("storage-1").send_signal(signal.SIGKILL)
     c.process("storage-1").wait()
+    assert job.status()["done"] < len(work), "the job finished before the kill"
     same(job.wait(timeout=240), ref, work)  # two replicas: retrieval failed over
-    workers = [w for w in ("worker-0", "worker-1", "worker-2") if w in c.nodes and c.process(w).poll() is None]
     assert sum(counters(c, w)["retrieve"]["failovers"] for w in workers) > 0
 
     # One replica: the shard storage-1 held is gone; its sequences fail with a clear
