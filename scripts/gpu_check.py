@@ -210,27 +210,38 @@ def w1_work(args, model: str) -> GenerationWork:
 
 
 class StepLog:
-    """Each step's wall time and what it ran, from the engine's own step (which ends by
-    reading the sampled tokens back, so its wall time is the device's)."""
+    """Each step's wall time and what it ran, from the engine's own step, which ends by
+    reading sampled tokens back, so its wall time is the device's. In order, a step reads
+    its own tokens; with async scheduling it launches itself and then reads the last
+    step's, so its wall time is the last step's device time (host time hidden) and is
+    paired with the last step's work. A step that read the last one's tokens before it
+    ran (a row needed them) timed both, and is left out."""
 
     def __init__(self, eng):
         self.steps: list[tuple[float, int, int, int, int]] = []  # wall, prefill rows, their attention span, decodes, decode ctx
         run, step = eng.runner.run, eng.step
+        self.last = None  # the last step's work
 
-        def logged_run(chunks, mask):
+        def logged_run(chunks, mask, carry=None):
             pre = sum(n for _, n in chunks if n > 1)
             span = sum(n * (s.num_computed + (n + 1) / 2) for s, n in chunks if n > 1)
             dec = sum(1 for _, n in chunks if n == 1)
             ctx = sum(s.num_computed + 1 for s, n in chunks if n == 1)
             self.current = (pre, int(span), dec, ctx)
-            return run(chunks, mask)
+            return run(chunks, mask, carry)
 
         def logged_step():
             self.current = None
+            ahead, in_flight = eng.stats.steps_ahead, eng._in_flight is not None
             t = time.perf_counter()
             out = step()
-            if self.current is not None:
-                self.steps.append((time.perf_counter() - t, *self.current))
+            wall = time.perf_counter() - t
+            if eng.stats.steps_ahead > ahead:
+                if self.last is not None:
+                    self.steps.append((wall, *self.last))
+            elif self.current is not None and not in_flight:
+                self.steps.append((wall, *self.current))
+            self.last = self.current
             return out
 
         eng.runner.run, eng.step = logged_run, logged_step
@@ -260,7 +271,9 @@ def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
     model = big_model(args)
     work = w1_work(args, model)
     t = time.perf_counter()
-    eng = LLMEngine(model, EngineConfig(device=DEVICE, policy=args.policy, attention=attention, enforce_eager=eager))
+    # (The dry run on a CPU takes the GPU's async scheduling too, to run its code.)
+    eng = LLMEngine(model, EngineConfig(device=DEVICE, policy=args.policy, attention=attention, enforce_eager=eager,
+                                        async_scheduling=None if GPU else True))
     start_s = time.perf_counter() - t
     log = StepLog(eng)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
@@ -335,6 +348,16 @@ def profile(args) -> dict:
         params = SamplingParams(max_tokens=n, ignore_eos=True)
         eng.generate(prompts[:4], params)  # warm
         # Timed without the profiler (its tracing of the host slows the host down), then profiled.
+        # Once with each step's tokens read before the next is planned, once as the
+        # engine runs (async scheduling on a GPU): what overlapping host and device gains.
+        overlap = eng.async_scheduling
+        eng.async_scheduling = False
+        sync()
+        steps0, t = eng.stats.steps, time.perf_counter()
+        eng.generate(prompts, params)
+        sync()
+        in_order = (time.perf_counter() - t) / max(1, eng.stats.steps - steps0)
+        eng.async_scheduling = overlap
         sync()
         steps0, t = eng.stats.steps, time.perf_counter()
         eng.generate(prompts, params)
@@ -347,8 +370,9 @@ def profile(args) -> dict:
         # Kernels and copies summed over every stream: above 1 where copies overlap compute.
         busy = sum(r["ms"] for r in rows) / 1e3 if GPU else None
         out[name] = {"wall_s": wall, "steps": steps, "ms_per_step": 1e3 * wall / max(1, steps),
+                     "ms_per_step_in_order": 1e3 * in_order, "async_scheduling": overlap,
                      "device_busy_share": busy / wall if busy is not None else None, "top": rows[:15]}
-        lines.append(f"{name} {1e3 * wall / max(1, steps):.1f} ms/step"
+        lines.append(f"{name} {1e3 * wall / max(1, steps):.1f} ms/step ({1e3 * in_order:.1f} in order)"
                      + (f", device busy {100 * busy / wall:.0f}%" if busy is not None else "")
                      + (f", top {rows[0]['name'][:40]} {rows[0]['share']:.0%}" if rows else ""))
     out["line"] = "; ".join(lines)
@@ -815,6 +839,7 @@ def main() -> int:
         report["sections"][name] = result
         report["total_seconds"] = round(time.perf_counter() - t_all, 1)
         text = json.dumps(report, indent=2, default=str)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
         if args.mirror:
             Path(args.mirror).mkdir(parents=True, exist_ok=True)

@@ -143,6 +143,8 @@ def calibrate(engine, prefill_lengths=None, decode_batches=None, decode_context=
     cfg = PlannerConfig(block_size=engine.config.block_size, max_num_batched_tokens=max(max_len, max(decode_batches)),
                         max_num_seqs=max(max(decode_batches), 64), num_blocks=engine.blocks.num_blocks)
     engine.planner = MixedBatchPlanner(cfg)  # a budget that prefills each prompt in one step
+    # Each step is timed to its own tokens' read, not to the last step's.
+    overlapped, engine.async_scheduling = engine.async_scheduling, False
     say = progress or (lambda msg: log.info("[calibrate] %s", msg))
     try:
         def prefill(reps: int):
@@ -204,7 +206,9 @@ def calibrate(engine, prefill_lengths=None, decode_batches=None, decode_context=
     finally:
         for sid in list(engine.seqs):
             engine.abort(sid)
-        engine.planner = saved
+        while engine.has_unfinished():  # (aborted: only tokens in flight are left to drop)
+            engine.step()
+        engine.planner, engine.async_scheduling = saved, overlapped
         engine.reset_stats()
     return CostModel(ap, bp, ad, bd, a, b, c, model=engine.fingerprint, dtype=engine.config.dtype,
                      device=engine_device(engine), r2={"prefill": r2p, "decode": r2d, "mb": r2m}, budget_probe=probe)

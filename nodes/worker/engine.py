@@ -23,7 +23,8 @@ from shoal.nodes.worker.host_kv_pool import HostKVPool
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
-from shoal.nodes.worker.sampler import sample, uniform
+from shoal.nodes.worker.pending_tokens import PendingTokens
+from shoal.nodes.worker.sampler import pick, sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.step_clock import StepClock
@@ -86,6 +87,14 @@ class LLMEngine:
         self.park_at: dict = {}
         self.parked: dict[object, Sequence] = {}
         self._arrivals = 0
+        # Async scheduling (`pending_tokens.py`): the next step is launched before this
+        # one's tokens are read. On a GPU by default: there the host's work hides behind
+        # the device's; a CPU computes the step before the host goes on, so nothing hides.
+        self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
+                                 else self.device.type == "cuda")
+        self._in_flight: PendingTokens | None = None  # the last step's tokens, not read yet
+        if self.async_scheduling:
+            log.info("[engine] async scheduling: each step is launched before the last one's tokens are read")
         self.stats = EngineStats()
         # Tests and benchmarks may watch every sampling step's logits: fn(seq_ids, logits).
         self.on_logits = None
@@ -141,7 +150,7 @@ class LLMEngine:
                 "device_reason": self.setup.device.reason,
                 "attention": self.runner.ops.name if self.runner.ops is not None else "sdpa",
                 "attention_reason": self.setup.ops_reason, "graphs": self.setup.graphs_reason,
-                "pad_rows": self.model.pad_rows,
+                "pad_rows": self.model.pad_rows, "async_scheduling": self.async_scheduling,
                 "packed_linears": self.packed_linears,
                 "weight_streaming": {**self.streamer.summary(), "sizing": self.fetch_sizing} if self.streamer else None}
 
@@ -217,6 +226,9 @@ class LLMEngine:
             raise RequestError(f"sequence {seq.seq_id!r}: {e}") from None
 
     def _enqueue(self, seq: Sequence) -> None:
+        p = seq.params
+        seq.sample_ahead = (seq.matcher is None and not p.penalized and p.logprobs is None
+                            and not p.return_margins)
         seq.arrival = self._arrivals
         self._arrivals += 1
         self.seqs[seq.seq_id] = seq
@@ -241,7 +253,7 @@ class LLMEngine:
         seq.status = SeqStatus.FINISHED
 
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self._in_flight is not None)
 
     # -- the step --------------------------------------------------------------------
 
@@ -253,39 +265,67 @@ class LLMEngine:
         chunks = self._apply(plan, cached)
         t1 = time.perf_counter()
         self.stats.time_plan += t1 - t0
+        in_flight, self._in_flight = self._in_flight, None  # the last step's tokens, if not read yet
         if not chunks:
+            if in_flight is not None:
+                return self._read(in_flight)
             if self.waiting and not self.running and not plan.preempted:
                 # Nothing runs and nothing can be admitted: looping would spin forever.
                 raise RuntimeError(f"engine stalled: {len(self.waiting)} waiting sequences, none admissible "
                                    f"with {self.blocks.num_free} free KV blocks")
             return []
-        sample_mask = [seq.num_computed + n == len(seq.prompt_token_ids) + len(seq.output_token_ids)
-                       for seq, n in chunks]
+        sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
+        ahead = (self.async_scheduling and self.on_logits is None and not self.park_at
+                 and all(seq.sample_ahead for (seq, _), s in zip(chunks, sample_mask) if s))
+        done = []
+        if in_flight is not None and not ahead:
+            # This step's sampling needs its sequences' tokens on the host: read them first,
+            # and drop the chunks of sequences they ended.
+            done = self._read(in_flight)
+            in_flight = None
+            if any(seq.status != SeqStatus.RUNNING for seq, _ in chunks):
+                kept = [i for i, (seq, _) in enumerate(chunks) if seq.status == SeqStatus.RUNNING]
+                chunks, sample_mask = [chunks[i] for i in kept], [sample_mask[i] for i in kept]
+                if not chunks:
+                    return done
         # The grammar masks of the rows about to sample depend only on tokens already
         # generated: they are filled on another thread while the model runs.
         constrained = [seq for (seq, _), s in zip(chunks, sample_mask) if s and seq.matcher is not None]
         masks = self.grammars.fill_async([seq.matcher for seq in constrained]) if constrained else None
         self.clock.start()
-        logits, logit_chunks = self.runner.run(chunks, sample_mask)
+        logits, logit_chunks = self.runner.run(chunks, sample_mask, carry=in_flight)
         self.clock.model_done()
         prefill = 0
         for seq, n in chunks:
             left = len(seq.prompt_token_ids) - seq.num_computed
             if left > 0:
                 prefill += min(n, left)
-            self._advance(seq, n)
+            if in_flight is None:
+                self._advance(seq, n)
         self.stats.prompt_tokens_computed += prefill
         # What this step ran, (prefill tokens, decoding sequences): the encode planner
         # predicts the next step's time from it.
         self.last_step_work = (prefill, sum(1 for _, n in chunks if n == 1))
         self.stats.rows_stepped += len(chunks)
-        finished = self._sample([chunks[i][0] for i in logit_chunks], logits, (constrained, masks))
-        for model_s, sample_s, work in self.clock.finish(self.last_step_work, synced=bool(logit_chunks)):
+        sampling = [chunks[i][0] for i in logit_chunks]
+        if ahead:
+            self._in_flight = self._sample_ahead(sampling, logits) if sampling else None
+            if in_flight is not None:  # now, while this step runs on the device
+                self.stats.steps_ahead += 1
+                done += self._read(in_flight)
+                # Blocks filled by this step are hashed once the tokens in them are known.
+                for seq, n in chunks:
+                    if seq.status == SeqStatus.RUNNING:
+                        self._advance(seq, n)
+        else:
+            done += self._sample(sampling, logits, (constrained, masks))
+        synced = bool(logit_chunks) and not ahead  # (it read its tokens back)
+        for model_s, sample_s, work in self.clock.finish(self.last_step_work, synced=synced):
             self.stats.time_model += model_s
             self.stats.time_sample += sample_s
             self._split_model_time(model_s, *work)
         self.stats.steps += 1
-        return finished
+        return done
 
     def _split_model_time(self, seconds: float, prefill: int, decoding: int) -> None:
         cm = self.cost_model
@@ -426,6 +466,31 @@ class LLMEngine:
                     self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
 
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
+    def _sample_ahead(self, seqs: list[Sequence], logits: torch.Tensor) -> PendingTokens:
+        """Samples on the logits' device and reads nothing back: the tokens come with
+        `_read`. Each draw's position counts the sequence's tokens in flight."""
+        self._process_logits(seqs, logits)
+        us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids) + s.pending)
+              for s in seqs]
+        ops = self.runner.ops
+        chosen, _, _ = pick(logits, [s.params for s in seqs], us, ops.row_top2 if ops is not None else None)
+        return PendingTokens(seqs, chosen)
+
+    def _read(self, pending: PendingTokens) -> list[RequestOutput]:
+        """A step's tokens, once they are on the host: appended, and the sequences they end
+        finished. A sequence that ended (or was aborted) meanwhile drops its token."""
+        finished = []
+        for seq, tok in zip(pending.seqs, pending.read()):
+            if seq.status == SeqStatus.FINISHED:
+                continue
+            seq.output_token_ids.append(tok)
+            self.stats.generated_tokens += 1
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                finished.append(self._finish(seq, reason))
+        return finished
+
+    @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> list[RequestOutput]:
         if not seqs:
             return []
@@ -472,7 +537,7 @@ class LLMEngine:
         """Logit bias, min_tokens and penalties, on the rows that ask for them."""
         biased = [i for i, s in enumerate(seqs) if s.params.logit_bias]
         lp.apply_logit_bias(logits, biased, [seqs[i].params.logit_bias for i in biased])
-        short = [i for i, s in enumerate(seqs) if len(s.output_token_ids) < s.params.min_tokens]
+        short = [i for i, s in enumerate(seqs) if len(s.output_token_ids) + s.pending < s.params.min_tokens]
         lp.mask_ends(logits, short, [self._end_ids(seqs[i].params) for i in short])
         penalized = [i for i, s in enumerate(seqs) if s.params.penalized]
         lp.apply_penalties(logits, penalized, [seqs[i] for i in penalized])
@@ -507,7 +572,7 @@ class LLMEngine:
                 return "stop"
         if p.stop and len(seq.output_token_ids) >= p.min_tokens and self._hits_stop_string(seq):
             return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+        if len(seq.output_token_ids) >= p.max_tokens or seq.num_known_tokens >= seq.max_total_tokens:
             return "length"
         return None
 
@@ -567,6 +632,9 @@ class LLMEngine:
         seq = self.seqs.get(seq_id)
         if seq is None:
             raise RequestError(f"sequence {seq_id!r}: not in this engine")
+        # A token still in flight (async scheduling) is not part of the state: the KV of
+        # every known token is, and where it resumes the last step runs again and draws
+        # the same token (its draw is keyed by position); here it is dropped.
         kv = None
         if seq.host_kv is not None or (seq.status == SeqStatus.RUNNING and seq.num_computed):
             if seq.host_kv is not None:

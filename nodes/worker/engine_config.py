@@ -78,6 +78,9 @@ class EngineConfig:
     # On a GPU, decode steps replay CUDA graphs captured per padded batch size
     # (`decode_graphs.py`); True: every step runs eagerly.
     enforce_eager: bool = False
+    # Launch each step before reading the last one's sampled tokens, so the host's work
+    # runs while the device computes (`pending_tokens.py`). None: on a GPU.
+    async_scheduling: bool | None = None
     # Bytes of weights the device may hold (0: all of them). Less streams the layers that
     # do not fit from host memory (`weight_streamer.py`).
     device_memory: int = 0
@@ -112,6 +115,7 @@ class EngineStats:
     time_model: float = 0.0
     time_sample: float = 0.0
     time_grammar_wait: float = 0.0  # steps waiting for grammar masks after their forward pass
+    steps_ahead: int = 0  # launched before the last step's tokens were read (async scheduling)
     rows_stepped: int = 0  # sequences summed over steps: / steps = the mean running batch
     # time_model split between prompt tokens and decoding rows of each step, in
     # proportion to their cost under the calibration (1:1 per token without one).

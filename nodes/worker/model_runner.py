@@ -41,12 +41,20 @@ class ModelRunner:
         # (0: none).
         self.sdpa_prefill_work = sdpa_prefill_work if ops is not None and ops.name == "native" else 0
 
-    def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool]) -> tuple[torch.Tensor, list[int]]:
+    def run(self, chunks: list[tuple[Sequence, int]], sample_mask: list[bool], carry=None
+            ) -> tuple[torch.Tensor, list[int]]:
         """Computes `n` tokens of each sequence from its `num_computed`; returns logits of
-        the last token of every chunk whose `sample_mask` is set, with their chunk index."""
+        the last token of every chunk whose `sample_mask` is set, with their chunk index.
+        `carry`: the last step's `PendingTokens`, still on the device: a sequence it
+        sampled takes its input token from there."""
         built = self._decode_inputs(chunks, sample_mask) if all(n == 1 for _, n in chunks) else None
         host, meta, logit_chunks = built if built is not None else self._inputs(chunks, sample_mask)
+        carried = _carried_rows(chunks, carry) if carry is not None else None
+        if carried is not None:
+            host["carry_rows"], host["carry_from"] = carried
         dev = stage(host, self.device)
+        if carried is not None:
+            dev["ids"].index_copy_(0, dev["carry_rows"], carry.chosen.index_select(0, dev["carry_from"]))
         if (self.graphs is not None and meta.num_decodes == len(chunks) and len(logit_chunks) == len(chunks)
                 and self.graphs.size_for(len(chunks)) is not None):
             return self.graphs.run(dev, len(chunks)), logit_chunks
@@ -176,6 +184,22 @@ class ModelRunner:
             self._span_inputs(host, meta, torch.tensor(rows, dtype=torch.long), torch.tensor(lens, dtype=torch.long),
                               torch.tensor(ctxs, dtype=torch.long), table)
         return host, meta, logit_chunks
+
+
+def _carried_rows(chunks: list[tuple[Sequence, int]], carry) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The step's rows whose input token is in flight (`carry.chosen`), and where in it:
+    every one-token chunk of a sequence the last step sampled. Such chunks are rows
+    0, 1, ... in chunk order on both input paths (one-token chunks come first)."""
+    rows, src, row = [], [], 0
+    where = carry.row
+    for seq, n in chunks:
+        if n == 1:
+            j = where.get(seq)
+            if j is not None:
+                rows.append(row)
+                src.append(j)
+            row += 1
+    return (torch.tensor(rows, dtype=torch.long), torch.tensor(src, dtype=torch.long)) if rows else None
 
 
 def stage(host: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -50,6 +50,12 @@ class Sequence:
     matcher: object = None
     # Another sample of the same prompt that prefills it first (engine.add_request).
     prefill_after: "Sequence | None" = None
+    # Tokens sampled on the device and not read back yet (`pending_tokens.py`): counted in
+    # its length, so the planner sees it as it will be; never in its output or a hash.
+    pending: int = 0
+    # Its sampling needs nothing from the host but its draw's position (no grammar,
+    # penalties, logprobs or margins), so it may sample a step before its last token is read.
+    sample_ahead: bool = False
 
     @functools.cached_property
     def key(self) -> int:
@@ -63,6 +69,11 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens the host holds: all but those still in flight."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
@@ -83,8 +94,16 @@ class Sequence:
         return bool(self.prompt_token_ids) and self.num_computed >= len(self.prompt_token_ids)
 
     def token(self, i: int) -> int:
+        """Token `i`; 0 for one in flight (the step's input is then taken from the device)."""
         p = len(self.prompt_token_ids)
-        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+        if i < p:
+            return self.prompt_token_ids[i]
+        j, out = i - p, self.output_token_ids
+        if j < len(out):
+            return out[j]
+        if j < len(out) + self.pending:
+            return 0
+        raise IndexError(f"sequence {self.seq_id!r} has no token {i}")
 
     def tokens(self, start: int, end: int) -> list[int]:
         p = self.prompt_token_ids
@@ -94,7 +113,7 @@ class Sequence:
 
     def update_block_hashes(self, block_size: int) -> None:
         """Extend the chained hashes to every full block of the known tokens."""
-        full = self.num_tokens // block_size
+        full = self.num_known_tokens // block_size
         while len(self.block_hashes) < full:
             i = len(self.block_hashes)
             parent = self.block_hashes[-1] if self.block_hashes else None

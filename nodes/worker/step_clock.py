@@ -5,8 +5,9 @@ returns at once; the sampler's read of the chosen tokens is where it waits. So t
 split is taken from CUDA events on the stream: one before the model, one after it, one
 when the step ends; model time is the first gap, sampling (with whatever the host did
 before the step ended) the second. They are read once a step has synchronized anyway:
-a step that samples nothing (every row a chunk of a longer prompt) never waits for the
-device, so its events are kept and read at the next step that does. No extra wait.
+a step that samples nothing (every row a chunk of a longer prompt), or one whose tokens
+are read a step later (async scheduling), never waits for the device, so its events are
+kept and read once the device has passed them. No extra wait.
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ class StepClock:
 
     def finish(self, work, synced: bool) -> list[tuple[float, float, object]]:
         """(model seconds, sampling seconds, `work`) of each step whose times are known
-        now: this one's and those of earlier steps that did not synchronize, once one
-        that did (`synced`: it read tokens back from the device) comes."""
+        now: this one's and earlier ones' once a step synchronizes (`synced`: it read its
+        tokens back from the device), else those the device has passed."""
         if not self.gpu:
             return [(self.t1 - self.t0, time.perf_counter() - self.t1, work)]
         end = self._event()
         end.record()
         self._pending.append(((self.e0, self.e1, end), work))
-        if not synced:
-            return []
-        end.synchronize()  # at once: the stream ran dry when the tokens were read
-        done, self._pending = self._pending, []
+        if synced:
+            end.synchronize()  # at once: the stream ran dry when the tokens were read
+            done, self._pending = self._pending, []
+        else:
+            passed = 0
+            while passed < len(self._pending) and self._pending[passed][0][2].query():
+                passed += 1
+            done, self._pending = self._pending[:passed], self._pending[passed:]
         return [(e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3, w) for (e0, e1, e2), w in done]

@@ -57,6 +57,9 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                     help="the ops backend: auto (native on a CPU, triton on a GPU), or one by name")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="on a GPU, run decode steps eagerly instead of replaying CUDA graphs")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="on a GPU, read each step's tokens before planning the next (by default the next "
+                         "step is launched first, so the host's work overlaps the device's)")
     ap.add_argument("--policy", default="ebplus", choices=["mb", "eb", "ebplus"])
     ap.add_argument("--threads", type=int, default=None, help="torch threads for the model")
     ap.add_argument("--budget", type=int, default=None,
@@ -136,7 +139,8 @@ def load_decoder(args):
                                                   device=args.device, attention=args.attention,
                                                   gpu_memory_utilization=args.gpu_memory_utilization,
                                                   gpu_share=gpu_share(),
-                                                  enforce_eager=args.enforce_eager))
+                                                  enforce_eager=args.enforce_eager,
+                                                  async_scheduling=False if args.no_async_scheduling else None))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
     if args.threads:

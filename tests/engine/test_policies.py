@@ -107,10 +107,10 @@ def test_eb_alternates_pure_steps(tiny_model):
     phases = []
     orig = eng.runner.run
 
-    def spy(chunks, mask):
+    def spy(chunks, mask, carry=None):
         kinds = {"decode" if s.num_computed >= s.num_prompt_tokens else "prefill" for s, _ in chunks}
         phases.append(kinds)
-        return orig(chunks, mask)
+        return orig(chunks, mask, carry)
 
     eng.runner.run = spy
     r = random.Random(6)

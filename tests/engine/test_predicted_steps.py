@@ -25,10 +25,10 @@ def test_the_simulated_job_steps_as_the_engine_steps(tiny_model):
     work = []  # (prefill tokens, decodes) of every step the engine took
     orig = eng.runner.run
 
-    def run(chunks, sample_mask):
+    def run(chunks, sample_mask, carry=None):
         work.append((sum(n for s, n in chunks if s.num_computed < s.num_prompt_tokens),
                      sum(1 for s, n in chunks if s.num_computed >= s.num_prompt_tokens)))
-        return orig(chunks, sample_mask)
+        return orig(chunks, sample_mask, carry)
 
     eng.runner.run = run
     outs = eng.generate([p for p, _ in items], [SamplingParams(max_tokens=m, ignore_eos=True) for _, m in items])

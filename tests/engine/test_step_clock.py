@@ -1,6 +1,7 @@
 """The step clock's GPU branch on a stand-in event whose timeline the test sets: a step
-that samples nothing is read only when a later step synchronizes (no wait of its own),
-and each step's model and sampling times come from its own events."""
+that samples nothing, or whose tokens are read a step later, is read once a later step
+synchronizes or the device has passed it (no wait of its own), and each step's model and
+sampling times come from its own events."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from shoal.nodes.worker.step_clock import StepClock
 class FakeEvent:
     """A CUDA event on a device timeline the test moves by hand."""
 
-    now_ms = 0.0
+    now_ms = 0.0  # where the host has queued up to
+    done_ms = 0.0  # where the device has got to
     synced = 0
 
     def record(self):
@@ -20,6 +22,9 @@ class FakeEvent:
 
     def synchronize(self):
         FakeEvent.synced += 1
+
+    def query(self):
+        return self.at <= FakeEvent.done_ms
 
     def elapsed_time(self, other):
         return other.at - self.at
@@ -34,7 +39,7 @@ def run_step(clock, model_ms, sample_ms, work, synced):
 
 
 def test_a_step_that_samples_nothing_is_read_at_the_next_that_does():
-    FakeEvent.now_ms, FakeEvent.synced = 0.0, 0
+    FakeEvent.now_ms, FakeEvent.done_ms, FakeEvent.synced = 0.0, 0.0, 0
     clock = StepClock(torch.device("cuda"), event=FakeEvent)
     assert run_step(clock, 40.0, 1.0, (4096, 0), synced=False) == []
     assert FakeEvent.synced == 0  # the chunk-only step never waited
@@ -44,6 +49,21 @@ def test_a_step_that_samples_nothing_is_read_at_the_next_that_does():
     assert [round(m * 1e3, 6) for m, _, _ in got] == [40.0, 10.0]
     assert [round(s * 1e3, 6) for _, s, _ in got] == [1.0, 3.0]
     assert run_step(clock, 5.0, 1.0, (0, 8), synced=True) == [(0.005, 0.001, (0, 8))]
+
+
+def test_steps_read_a_step_later_are_timed_once_the_device_has_passed_them():
+    FakeEvent.now_ms, FakeEvent.done_ms, FakeEvent.synced = 0.0, 0.0, 0
+    clock = StepClock(torch.device("cuda"), event=FakeEvent)
+    assert run_step(clock, 4.0, 0.5, (0, 256), synced=False) == []
+    FakeEvent.done_ms = 3.0  # the device is inside the first step when the second is queued
+    assert run_step(clock, 4.0, 0.5, (0, 255), synced=False) == []
+    FakeEvent.done_ms = 6.0  # past the first step's end (4.5), inside the second
+    got = run_step(clock, 4.0, 0.5, (0, 254), synced=False)
+    assert [w for _, _, w in got] == [(0, 256)] and FakeEvent.synced == 0
+    assert (round(got[0][0] * 1e3, 6), round(got[0][1] * 1e3, 6)) == (4.0, 0.5)
+    FakeEvent.done_ms = 100.0
+    got = run_step(clock, 1.0, 0.0, (0, 1), synced=False)
+    assert [w for _, _, w in got] == [(0, 255), (0, 254), (0, 1)] and FakeEvent.synced == 0
 
 
 def test_on_the_cpu_every_step_is_read_at_once():

@@ -1,0 +1,48 @@
+"""A step's sampled tokens on their way back to the host, while the next step runs.
+
+On a GPU the host's work for a step (planning, the runner's inputs, sampling's
+bookkeeping: about 1.3 ms at 256 sequences, measured by `scripts/bench_step_host.py`)
+runs while the device waits, if every step reads its tokens back before the next is
+planned. With async scheduling (vLLM's term) the engine plans and launches step N+1
+first, and reads step N's tokens after: N+1's rows that continue a sequence sampled in N
+take their input token from N's chosen ids on the device (`ModelRunner.run`'s `carry`),
+and the host's work hides behind the device's.
+
+A sequence counts its tokens in flight (`Sequence.pending`), so the planner sees its
+length as it will be. One that N's token ends (an end token, a stop string) has already
+run its row of N+1: that row is wasted and its token dropped, as vLLM does. Only
+sequences whose sampling needs nothing from the host but its draw's position go ahead
+(no grammar, penalties, logprobs or margins: `Sequence.sample_ahead`); a step that
+samples any other waits for the tokens before it runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PendingTokens:
+    def __init__(self, seqs: list, chosen: torch.Tensor):
+        """`seqs`: the step's sampling sequences, in the order of `chosen` ([R] token ids
+        on the step's device, still being computed there)."""
+        self.seqs = seqs
+        self.chosen = chosen.to(torch.long)
+        if self.chosen.device.type == "cuda":
+            # Pinned, so the copy does not wait for the host; the event says when it landed.
+            self._host = torch.empty(self.chosen.shape, dtype=torch.long, pin_memory=True)
+            self._host.copy_(self.chosen, non_blocking=True)
+            self._landed = torch.cuda.Event()
+            self._landed.record()
+        else:  # computed already
+            self._host, self._landed = self.chosen, None
+        self.row = {seq: i for i, seq in enumerate(seqs)}  # (a Sequence hashes by identity)
+        for seq in seqs:
+            seq.pending += 1
+
+    def read(self) -> list[int]:
+        """The tokens, in `seqs` order: waits for the copy (for the step, on a GPU)."""
+        if self._landed is not None:
+            self._landed.synchronize()
+        for seq in self.seqs:
+            seq.pending -= 1
+        return self._host.tolist()
