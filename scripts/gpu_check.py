@@ -239,8 +239,8 @@ class StepLog:
             if eng.stats.steps_ahead > ahead:
                 if self.last is not None:
                     self.steps.append((wall, *self.last))
-            elif self.current is not None and not in_flight:
-                self.steps.append((wall, *self.current))
+            elif self.current is not None and not in_flight and eng._in_flight is None:
+                self.steps.append((wall, *self.current))  # in order: it read its own tokens
             self.last = self.current
             return out
 

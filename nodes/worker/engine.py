@@ -265,10 +265,12 @@ class LLMEngine:
         chunks = self._apply(plan, cached)
         t1 = time.perf_counter()
         self.stats.time_plan += t1 - t0
-        in_flight, self._in_flight = self._in_flight, None  # the last step's tokens, if not read yet
+        # The last step's tokens, if not read yet. They stay in `_in_flight` until read: a
+        # step that fails before leaves them to the next.
+        in_flight = self._in_flight
         if not chunks:
             if in_flight is not None:
-                return self._read(in_flight)
+                return self._read_in_flight()
             if self.waiting and not self.running and not plan.preempted:
                 # Nothing runs and nothing can be admitted: looping would spin forever.
                 raise RuntimeError(f"engine stalled: {len(self.waiting)} waiting sequences, none admissible "
@@ -281,7 +283,7 @@ class LLMEngine:
         if in_flight is not None and not ahead:
             # This step's sampling needs its sequences' tokens on the host: read them first,
             # and drop the chunks of sequences they ended.
-            done = self._read(in_flight)
+            done = self._read_in_flight()
             in_flight = None
             if any(seq.status != SeqStatus.RUNNING for seq, _ in chunks):
                 kept = [i for i, (seq, _) in enumerate(chunks) if seq.status == SeqStatus.RUNNING]
@@ -309,14 +311,19 @@ class LLMEngine:
         self.stats.rows_stepped += len(chunks)
         sampling = [chunks[i][0] for i in logit_chunks]
         if ahead:
-            self._in_flight = self._sample_ahead(sampling, logits) if sampling else None
-            if in_flight is not None:  # now, while this step runs on the device
+            launched = self._sample_ahead(sampling, logits) if sampling else None
+            if in_flight is None:
+                self._in_flight = launched
+            else:  # now, while this step runs on the device
                 self.stats.steps_ahead += 1
-                done += self._read(in_flight)
-                # Blocks filled by this step are hashed once the tokens in them are known.
-                for seq, n in chunks:
-                    if seq.status == SeqStatus.RUNNING:
-                        self._advance(seq, n)
+                try:
+                    done += self._read_in_flight()
+                finally:
+                    self._in_flight = launched
+                    # Blocks filled by this step are hashed once the tokens in them are known.
+                    for seq, n in chunks:
+                        if seq.status == SeqStatus.RUNNING:
+                            self._advance(seq, n)
         else:
             done += self._sample(sampling, logits, (constrained, masks))
         synced = bool(logit_chunks) and not ahead  # (it read its tokens back)
@@ -337,6 +344,9 @@ class LLMEngine:
     def _plan(self):
         bs = self.config.block_size
         running = self.running  # each running Sequence is its own SeqView
+        ending = self._in_flight.ending if self._in_flight is not None else None
+        if ending:
+            running = [s for s in running if s not in ending]
         room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
         waiting, cached = [], {}
         for s in self._admissible(max(0, room)):
@@ -474,17 +484,24 @@ class LLMEngine:
               for s in seqs]
         ops = self.runner.ops
         chosen, _, _ = pick(logits, [s.params for s in seqs], us, ops.row_top2 if ops is not None else None)
-        return PendingTokens(seqs, chosen)
+        launched = PendingTokens(seqs, chosen)
+        # Those the tokens in flight end whatever they are: the next step plans without
+        # them (a row, and perhaps a block, for a token that would be dropped).
+        launched.ending = {s for s in seqs if len(s.output_token_ids) + s.pending >= s.params.max_tokens
+                           or s.num_tokens >= s.max_total_tokens}
+        return launched
 
-    def _read(self, pending: PendingTokens) -> list[RequestOutput]:
-        """A step's tokens, once they are on the host: appended, and the sequences they end
-        finished. A sequence that ended (or was aborted) meanwhile drops its token."""
-        finished = []
-        for seq, tok in zip(pending.seqs, pending.read()):
-            if seq.status == SeqStatus.FINISHED:
-                continue
+    def _read_in_flight(self) -> list[RequestOutput]:
+        """The last step's tokens, once they are on the host: appended, and the sequences
+        they end finished. A sequence that ended (or was aborted) meanwhile drops its token."""
+        pending, self._in_flight = self._in_flight, None
+        tokens = pending.read()
+        live = [(seq, tok) for seq, tok in zip(pending.seqs, tokens) if seq.status != SeqStatus.FINISHED]
+        for seq, tok in live:  # every token first: a failure below leaves no sequence short of one
             seq.output_token_ids.append(tok)
-            self.stats.generated_tokens += 1
+        self.stats.generated_tokens += len(live)
+        finished = []
+        for seq, tok in live:
             reason = self._finish_reason(seq, tok)
             if reason:
                 finished.append(self._finish(seq, reason))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shoal.nodes.worker.sampler import to_device
+
 _NEG_INF = float("-inf")
 
 
@@ -97,8 +99,7 @@ def apply_logit_bias(logits: torch.Tensor, rows: list[int], biases: list[tuple])
         for tok, bias in pairs:
             r.append(row), t.append(tok), b.append(bias)
     dev = logits.device
-    logits.index_put_((torch.tensor(r, device=dev), torch.tensor(t, device=dev)),
-                      torch.tensor(b, device=dev, dtype=logits.dtype), accumulate=True)
+    logits.index_put_((to_device(r, dev), to_device(t, dev)), to_device(b, dev, logits.dtype), accumulate=True)
 
 
 def mask_ends(logits: torch.Tensor, rows: list[int], end_ids: list[list[int]]) -> None:
@@ -107,7 +108,7 @@ def mask_ends(logits: torch.Tensor, rows: list[int], end_ids: list[list[int]]) -
     if not rows:
         return
     dev = logits.device
-    idx = torch.tensor(rows, device=dev)
+    idx = to_device(rows, dev)
     x = logits[idx]
     ends = _padded(end_ids, logits.shape[1], dev)
     keep = torch.ones(len(rows), logits.shape[1] + 1, dtype=torch.bool, device=dev)

@@ -10,7 +10,8 @@ and the host's work hides behind the device's.
 
 A sequence counts its tokens in flight (`Sequence.pending`), so the planner sees its
 length as it will be. One that N's token ends (an end token, a stop string) has already
-run its row of N+1: that row is wasted and its token dropped, as vLLM does. Only
+run its row of N+1: that row is wasted and its token dropped, as vLLM does (one that
+ends by its length is known to, and is left out of N+1). Only
 sequences whose sampling needs nothing from the host but its draw's position go ahead
 (no grammar, penalties, logprobs or margins: `Sequence.sample_ahead`); a step that
 samples any other waits for the tokens before it runs.
@@ -36,6 +37,7 @@ class PendingTokens:
         else:  # computed already
             self._host, self._landed = self.chosen, None
         self.row = {seq: i for i, seq in enumerate(seqs)}  # (a Sequence hashes by identity)
+        self.ending: set = set()  # sequences these tokens end whatever they are (the engine says)
         for seq in seqs:
             seq.pending += 1
 

@@ -64,6 +64,13 @@ class Draw:
         return [self.u, self.lo, self.hi, self.cut]
 
 
+def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A few host values (row indices, parameters) as a tensor on `device`, copied without
+    waiting for the device: `torch.tensor(values, device=cuda)` synchronizes the stream,
+    which with async scheduling would wait for the step just launched."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
     """The top-k then top-p filter: a keep mask in id order, and per row the distance
     rounding would need to move the cut. scaled: tempered logits [R, V] float64; probs:
@@ -127,22 +134,22 @@ def pick(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[floa
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return chosen, margins, None
-    idx = torch.tensor(rows, device=dev)
-    temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float64, device=dev).unsqueeze(1)
+    idx = to_device(rows, dev)
+    temps = to_device([params[i].temperature for i in rows], dev, torch.float64).unsqueeze(1)
     scaled = logits[idx].double() / temps
     probs = torch.softmax(scaled, dim=-1)
     vocab = scaled.shape[1]
     filtered = [j for j, i in enumerate(rows) if 0 < params[i].top_k < vocab or params[i].top_p < 1.0]
     cut = torch.full((len(rows),), float("inf"), dtype=torch.float64, device=dev)
     if filtered:
-        f = torch.tensor(filtered, device=dev)
-        top_k = torch.tensor([params[rows[j]].top_k or vocab for j in filtered], device=dev).unsqueeze(1)
-        top_p = torch.tensor([params[rows[j]].top_p for j in filtered], dtype=torch.float64, device=dev).unsqueeze(1)
+        f = to_device(filtered, dev)
+        top_k = to_device([params[rows[j]].top_k or vocab for j in filtered], dev).unsqueeze(1)
+        top_p = to_device([params[rows[j]].top_p for j in filtered], dev, torch.float64).unsqueeze(1)
         keep, cut[f] = _filter(scaled[f], probs[f], top_k, top_p)
         probs[f] = probs[f] * keep
     cdf = torch.cumsum(probs, dim=-1)
     total = cdf[:, -1:]
-    u = torch.tensor([uniforms[i] for i in rows], dtype=torch.float64, device=dev).unsqueeze(1)
+    u = to_device([uniforms[i] for i in rows], dev, torch.float64).unsqueeze(1)
     # The first token whose CDF exceeds u; rounding can put u*total at the very top,
     # so it is clamped to the last token kept (the highest id with mass).
     last_kept = vocab - 1 - torch.argmax((probs > 0).flip(-1).to(torch.int8), dim=-1, keepdim=True)

@@ -161,3 +161,44 @@ def test_a_step_with_tokens_in_flight_takes_no_host_tensor(tiny_model):
     assert logits.device.type == "meta" and rows == [0, 2, 1]
     assert not mode.offenders, f"ops given host tensors beside device ones: {sorted(set(mode.offenders))}"
     assert mode.transfers == 1, f"the step's inputs went over in {mode.transfers} copies, not one"
+
+
+def test_sequences_ending_by_length_run_no_extra_row(tiny_model):
+    """Without stops, every sequence ends at its max_tokens: known while its last token is
+    in flight, so async steps plan exactly the rows of steps in order."""
+    prompts, params = workload(seed=4, n=32)
+    params = [dataclasses.replace(p, return_margins=False) for p in params]
+    sync, overlapped = engine(tiny_model, False), engine(tiny_model, True)
+    ref, got = sync.generate(prompts, params), overlapped.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert overlapped.stats.rows_stepped == sync.stats.rows_stepped
+    assert overlapped.stats.steps == sync.stats.steps and overlapped.stats.steps_ahead >= sync.stats.steps // 2
+
+
+def test_a_failed_step_leaves_its_tokens_in_flight_to_the_next(tiny_model):
+    """A step that raises before it reads the last step's tokens (the worker logs it and
+    steps again) loses none of them: the next step carries them."""
+    prompts, params = workload(seed=5, n=16)
+    params = without_margins(params)
+    ref = engine(tiny_model, False).generate(prompts, params)
+    eng = engine(tiny_model, True)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        eng.add_request(i, prompt_token_ids=prompt, params=p)
+    run, calls, failed = eng.runner.run, [0], []
+
+    def failing_every_fifth(chunks, mask, carry=None):
+        calls[0] += 1
+        if calls[0] % 5 == 0 and carry is not None:
+            failed.append(calls[0])
+            raise RuntimeError("injected")
+        return run(chunks, mask, carry)
+
+    eng.runner.run = failing_every_fifth
+    done = {}
+    while eng.has_unfinished():
+        try:
+            done.update((o.seq_id, o) for o in eng.step())
+        except RuntimeError as e:
+            assert str(e) == "injected"
+    assert len(failed) >= 3
+    assert [done[i].token_ids for i in range(16)] == [o.token_ids for o in ref]
