@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import time
 
@@ -24,25 +25,39 @@ def obtain_cost_model(engine) -> CostModel:
     """The cached calibration for this model, dtype and device, or a fresh one. A fresh
     one that fails its checks is measured once more; what is cached then is kept, good
     or poor (a poor fit is still this device's measurement: the engine then decides the
-    same way each start, the planner saying why it runs MB)."""
-    try:
-        cm = calibration.load_cached(engine)
-    except CalibrationError as e:
-        log.warning("[calibrate] ignoring cached calibration: %s", e)
-        cm = None
+    same way each start, the planner saying why it runs MB). Workers of one host that
+    share the key measure once: the first holds a lock beside the cache and measures,
+    the others wait and read what it saved (measured at once, each slows the other's
+    steps: two CPU workers of a tiny model spoiled both fits under a loaded test run)."""
+    cm = _cached(engine)
     if cm is not None:
         return cm
-    for attempt in range(1, CALIBRATION_TRIES + 1):
-        log.info("[calibrate] measuring the step cost model on %s", calibration.engine_device(engine))
-        cm = calibration.calibrate(engine)
-        try:
-            cm.validate()
-            break
-        except CalibrationError as e:
-            log.warning("[calibrate] measurement %d of %d fails its checks: %s", attempt, CALIBRATION_TRIES, e)
-    path = calibration.save(engine, cm)
+    path = calibration.cache_path(engine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (the kernel drops it if its holder dies)
+        cm = _cached(engine)
+        if cm is not None:
+            return cm
+        for attempt in range(1, CALIBRATION_TRIES + 1):
+            log.info("[calibrate] measuring the step cost model on %s", calibration.engine_device(engine))
+            cm = calibration.calibrate(engine)
+            try:
+                cm.validate()
+                break
+            except CalibrationError as e:
+                log.warning("[calibrate] measurement %d of %d fails its checks: %s", attempt, CALIBRATION_TRIES, e)
+        path = calibration.save(engine, cm)
     log.info("[calibrate] saved %s", path)
     return cm
+
+
+def _cached(engine) -> CostModel | None:
+    try:
+        return calibration.load_cached(engine)
+    except CalibrationError as e:
+        log.warning("[calibrate] ignoring cached calibration: %s", e)
+        return None
 
 
 def build_planner(engine, policy: str, cost_model: CostModel | None = None):

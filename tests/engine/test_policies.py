@@ -65,6 +65,34 @@ def test_a_noisy_calibration_is_measured_once_more(tiny_model, tmp_path, monkeyp
     assert policy.obtain_cost_model(eng) == noisy  # from the cache: `calibrate` would fail on an empty list
 
 
+def test_workers_sharing_a_calibration_key_measure_once(tiny_model, tmp_path, monkeypatch):
+    """While one worker of the host measures (it holds the lock beside the cache), another
+    waits, then reads what the first saved instead of measuring beside it."""
+    import fcntl
+    import threading
+
+    from shoal.nodes.worker import policy
+
+    monkeypatch.setenv("SHOAL_STATE_DIR", str(tmp_path))
+    eng = LLMEngine(tiny_model, EngineConfig(policy="mb"))
+    mine = {"model": eng.fingerprint, "dtype": eng.config.dtype, "device": calibration.engine_device(eng)}
+    good = CostModel(**{**CPU_LIKE.to_dict(), **mine})
+    measured = []
+    monkeypatch.setattr(calibration, "calibrate", lambda engine: measured.append(1) or good)
+    path = calibration.cache_path(eng)
+    path.parent.mkdir(parents=True)
+    got = []
+    with open(path.with_suffix(".lock"), "w") as lock:  # the first worker, measuring
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=lambda: got.append(policy.obtain_cost_model(eng)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and not got  # it waits for the lock
+        calibration.save(eng, good)  # what the first measured
+    waiter.join(10)
+    assert got == [good] and not measured  # read, not measured again
+
+
 def test_calibration_fits_the_w3_model_shape(tmp_path, minilm):
     """W3's decoder (W1's widths, MiniLM's 30522-token vocabulary, bf16), with 2 of its
     12 layers: every probe of the calibration runs and the fit is made (an earlier
