@@ -477,8 +477,8 @@ class LLMEngine:
 
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
     def _sample_ahead(self, seqs: list[Sequence], logits: torch.Tensor) -> PendingTokens:
-        """Samples on the logits' device and reads nothing back: the tokens come with
-        `_read`. Each draw's position counts the sequence's tokens in flight."""
+        """Samples on the logits' device and reads nothing back: the next step reads the
+        tokens (`_read_in_flight`). Each draw's position counts the tokens in flight."""
         self._process_logits(seqs, logits)
         us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids) + s.pending)
               for s in seqs]
