@@ -24,7 +24,7 @@ from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
 from shoal.nodes.worker.pending_tokens import PendingTokens
-from shoal.nodes.worker.sampler import pick, sample, uniform
+from shoal.nodes.worker.sampler import pick, sample, to_device, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.step_clock import StepClock
@@ -227,8 +227,8 @@ class LLMEngine:
 
     def _enqueue(self, seq: Sequence) -> None:
         p = seq.params
-        seq.sample_ahead = (seq.matcher is None and not p.penalized and p.logprobs is None
-                            and not p.return_margins)
+        seq.sample_ahead = p.logprobs is None and not p.return_margins
+        seq.needs_last_token = seq.matcher is not None or p.penalized
         seq.arrival = self._arrivals
         self._arrivals += 1
         self.seqs[seq.seq_id] = seq
@@ -277,8 +277,12 @@ class LLMEngine:
                                    f"with {self.blocks.num_free} free KV blocks")
             return []
         sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
+        sampled = [seq for (seq, _), s in zip(chunks, sample_mask) if s]
         ahead = (self.async_scheduling and self.on_logits is None and not self.park_at
-                 and all(seq.sample_ahead for (seq, _), s in zip(chunks, sample_mask) if s))
+                 and all(seq.sample_ahead for seq in sampled))
+        # Rows whose sampling needs the last token (grammars, penalties) sample after the
+        # read, which then waits for the last step while this one's model is queued.
+        read_first = in_flight is not None and any(seq.needs_last_token for seq in sampled)
         done = []
         if in_flight is not None and not ahead:
             # This step's sampling needs its sequences' tokens on the host: read them first,
@@ -291,9 +295,9 @@ class LLMEngine:
                 if not chunks:
                     return done
         # The grammar masks of the rows about to sample depend only on tokens already
-        # generated: they are filled on another thread while the model runs.
-        constrained = [seq for (seq, _), s in zip(chunks, sample_mask) if s and seq.matcher is not None]
-        masks = self.grammars.fill_async([seq.matcher for seq in constrained]) if constrained else None
+        # generated: they are filled on another thread while the model runs (after the
+        # read, where a token is in flight).
+        masks = None if in_flight is not None else self._fill_masks([seq for seq in sampled if seq.status == SeqStatus.RUNNING])
         self.clock.start()
         logits, logit_chunks = self.runner.run(chunks, sample_mask, carry=in_flight)
         self.clock.model_done()
@@ -311,7 +315,7 @@ class LLMEngine:
         self.stats.rows_stepped += len(chunks)
         sampling = [chunks[i][0] for i in logit_chunks]
         if ahead:
-            launched = self._sample_ahead(sampling, logits) if sampling else None
+            launched = self._sample_ahead(sampling, logits, masks) if sampling and not read_first else None
             if in_flight is None:
                 self._in_flight = launched
             else:  # now, while this step runs on the device
@@ -324,8 +328,14 @@ class LLMEngine:
                     for seq, n in chunks:
                         if seq.status == SeqStatus.RUNNING:
                             self._advance(seq, n)
+                if read_first:  # the tokens read, these rows sample (a sequence they ended drops its row)
+                    live = [i for i, seq in enumerate(sampling) if seq.status == SeqStatus.RUNNING]
+                    if len(live) < len(sampling):
+                        sampling, logits = [sampling[i] for i in live], logits[to_device(live, logits.device)]
+                    if sampling:
+                        self._in_flight = self._sample_ahead(sampling, logits, self._fill_masks(sampling))
         else:
-            done += self._sample(sampling, logits, (constrained, masks))
+            done += self._sample(sampling, logits, masks)
         synced = bool(logit_chunks) and not ahead  # (it read its tokens back)
         for model_s, sample_s, work in self.clock.finish(self.last_step_work, synced=synced):
             self.stats.time_model += model_s
@@ -475,10 +485,27 @@ class LLMEngine:
                 for j in range(before, after):
                     self.blocks.register_full_block(seq.block_table[j], seq.block_hashes[j])
 
+    def _fill_masks(self, seqs: list[Sequence]):
+        """(constrained sequences, the job filling their grammar masks), or None."""
+        constrained = [seq for seq in seqs if seq.matcher is not None]
+        return (constrained, self.grammars.fill_async([seq.matcher for seq in constrained])) if constrained else None
+
+    def _apply_masks(self, seqs: list[Sequence], logits: torch.Tensor, masks) -> None:
+        if masks is None:
+            return
+        constrained, job = masks
+        order = {id(s): k for k, s in enumerate(constrained)}
+        rows = [i for i, s in enumerate(seqs) if id(s) in order]
+        t0 = time.perf_counter()
+        mask = job.result()
+        self.stats.time_grammar_wait += time.perf_counter() - t0
+        lp.apply_bitmask(logits, rows, mask[[order[id(seqs[i])] for i in rows]])
+
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
-    def _sample_ahead(self, seqs: list[Sequence], logits: torch.Tensor) -> PendingTokens:
+    def _sample_ahead(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> PendingTokens:
         """Samples on the logits' device and reads nothing back: the next step reads the
         tokens (`_read_in_flight`). Each draw's position counts the tokens in flight."""
+        self._apply_masks(seqs, logits, masks)
         self._process_logits(seqs, logits)
         us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids) + s.pending)
               for s in seqs]
@@ -516,14 +543,7 @@ class LLMEngine:
             # graph's output, overwritten by its next replay.
             as_float = logits.float()
             self.on_logits([s.seq_id for s in seqs], as_float.clone() if as_float is logits else as_float)
-        if masks is not None and masks[0]:
-            constrained, job = masks
-            order = {id(s): k for k, s in enumerate(constrained)}
-            rows = [i for i, s in enumerate(seqs) if id(s) in order]
-            t0 = time.perf_counter()
-            mask = job.result()
-            self.stats.time_grammar_wait += time.perf_counter() - t0
-            lp.apply_bitmask(logits, rows, mask[[order[id(seqs[i])] for i in rows]])
+        self._apply_masks(seqs, logits, masks)
         want_lp = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         log_probs = lp.log_probs(logits, want_lp) if want_lp else None
         self._process_logits(seqs, logits)

@@ -41,7 +41,7 @@ def apply_bitmask(logits: torch.Tensor, rows: list[int], mask: np.ndarray) -> No
     if not rows:
         return
     allowed = unpack_bitmask(mask, logits.shape[1], logits.device)
-    idx = torch.tensor(rows, device=logits.device)
+    idx = to_device(rows, logits.device)
     logits[idx] = logits[idx].masked_fill(~allowed, _NEG_INF)
 
 
@@ -74,17 +74,17 @@ def apply_penalties(logits: torch.Tensor, rows: list[int], seqs: list) -> None:
     if not rows:
         return
     dev, vocab = logits.device, logits.shape[1]
-    idx = torch.tensor(rows, device=dev)
+    idx = to_device(rows, dev)
     x = logits[idx].float()
     params = [s.params for s in seqs]
     if any(p.presence_penalty or p.frequency_penalty for p in params):
         counts = _counts([s.output_token_ids for s in seqs], vocab, dev)
-        freq = torch.tensor([p.frequency_penalty for p in params], device=dev).unsqueeze(1)
-        pres = torch.tensor([p.presence_penalty for p in params], device=dev).unsqueeze(1)
+        freq = to_device([p.frequency_penalty for p in params], dev).unsqueeze(1)
+        pres = to_device([p.presence_penalty for p in params], dev).unsqueeze(1)
         x = x - freq * counts - pres * (counts > 0)
     if any(p.repetition_penalty != 1.0 for p in params):
         seen = _counts([s.prompt_token_ids + s.output_token_ids for s in seqs], vocab, dev) > 0
-        r = torch.tensor([p.repetition_penalty for p in params], device=dev).unsqueeze(1)
+        r = to_device([p.repetition_penalty for p in params], dev).unsqueeze(1)
         x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
     logits[idx] = x.to(logits.dtype)
 

@@ -11,10 +11,11 @@ and the host's work hides behind the device's.
 A sequence counts its tokens in flight (`Sequence.pending`), so the planner sees its
 length as it will be. One that N's token ends (an end token, a stop string) has already
 run its row of N+1: that row is wasted and its token dropped, as vLLM does (one that
-ends by its length is known to, and is left out of N+1). Only
-sequences whose sampling needs nothing from the host but its draw's position go ahead
-(no grammar, penalties, logprobs or margins: `Sequence.sample_ahead`); a step that
-samples any other waits for the tokens before it runs.
+ends by its length is known to, and is left out of N+1). Rows whose sampling needs the
+last token on the host (a grammar's mask, penalties: `Sequence.needs_last_token`) sample
+after N's tokens are read, with N+1's model already queued; a step that samples a row
+reading more than its token back (logprobs, margins: not `Sequence.sample_ahead`) reads
+N's tokens before it runs.
 """
 
 from __future__ import annotations

@@ -202,3 +202,27 @@ def test_a_failed_step_leaves_its_tokens_in_flight_to_the_next(tiny_model):
             assert str(e) == "injected"
     assert len(failed) >= 3
     assert [done[i].token_ids for i in range(16)] == [o.token_ids for o in ref]
+
+
+def test_grammars_and_penalties_sample_after_the_read_and_go_ahead(tiny_model):
+    """Rows whose sampling needs the last token on the host (a grammar's mask, penalties)
+    read it after the next step's model is queued, then sample without reading back:
+    the outputs of steps in order, and every output of a grammar that ended is in its
+    language."""
+    import re
+
+    prompts, params = workload(seed=6, n=24)
+    params = without_margins(params)
+    for i in range(0, 24, 4):
+        params[i] = dataclasses.replace(params[i], regex="[a-z]{3,12}( [a-z]{2,8}){0,3}", max_tokens=40,
+                                        ignore_eos=False)
+    for i in range(1, 24, 6):
+        params[i] = dataclasses.replace(params[i], repetition_penalty=1.4, frequency_penalty=0.5)
+    ref = engine(tiny_model, False).generate(prompts, params)
+    eng = engine(tiny_model, True)
+    got = eng.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert eng.stats.steps_ahead >= eng.stats.steps // 2, eng.stats
+    ended = [got[i] for i in range(0, 24, 4) if got[i].finish_reason == "stop"]
+    assert ended and all(re.fullmatch("[a-z]{3,12}( [a-z]{2,8}){0,3}", o.text) for o in ended), \
+        [o.text for o in ended]
