@@ -160,9 +160,10 @@ def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None, device: s
     vectors = np.load(data / "vectors.npy")
     import torch
 
-    engine = LLMEngine(str(data / "model"), EngineConfig(kv_cache_bytes=kv_cache_bytes, device=device or "auto"))
     on_gpu = device is not None and device.startswith("cuda")
+    # The encoder first, as a worker loads them: the engine's KV cache is sized after it.
     encoder = Encoder(meta["encoder"], dtype=torch.float16 if on_gpu else torch.float32, device=device or "cpu")
+    engine = LLMEngine(str(data / "model"), EngineConfig(kv_cache_bytes=kv_cache_bytes, device=device or "auto"))
     spec = resolve_program("w3")
     times = {"encode": 0.0, "search": 0.0}
 

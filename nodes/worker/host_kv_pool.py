@@ -20,7 +20,7 @@ import logging
 import torch
 
 from shoal.nodes.worker.kv_cache import KVCache
-from shoal.nodes.worker.page_lock import lock_for_life
+from shoal.nodes.worker.page_lock import lock_for_life, page_aligned
 from shoal.nodes.worker.span_allocator import SpanAllocator
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class HostKVPool:
         self.token_bytes = self.token_elems * layer.element_size()
         self.gpu = cache.device.type == "cuda"
         tokens = max(0, capacity_bytes // self.token_bytes)
-        self.arena = torch.empty(tokens * self.token_elems, dtype=layer.dtype)
+        self.arena = page_aligned(tokens * self.token_bytes).view(layer.dtype)[:tokens * self.token_elems]
         if self.gpu and tokens:
             # Locked as it is (`page_lock.py`): pin_memory() would round 12 GiB up to 16.
             why = lock_for_life(self, self.arena)
@@ -55,16 +55,22 @@ class HostKVPool:
             return None
         L, two, kvh, d = self.shape
         view = self.arena[start * self.token_elems:(start + num_tokens) * self.token_elems].view(L, two, num_tokens, kvh, d)
-        slots = cache.slots_of(block_table, 0, num_tokens).to(cache.device)
+        # (non_blocking: a pageable copy that does not wait for the step in flight)
+        slots = cache.slots_of(block_table, 0, num_tokens).to(cache.device, non_blocking=True)
         if not self.gpu:
             for i, layer in enumerate(cache.layers):
                 torch.index_select(layer, 1, slots, out=view[i])
             return view
-        kv = torch.stack([layer[:, slots] for layer in cache.layers])  # gathered on the compute stream
-        self.stream.wait_stream(torch.cuda.current_stream(cache.device))
-        with torch.cuda.stream(self.stream):
-            view.copy_(kv, non_blocking=True)
-        kv.record_stream(self.stream)  # its memory is not reused before the copy has read it
+        # A layer at a time: gathered on the compute stream, copied on the copy stream. A
+        # gather of the whole sequence at once would hold its KV twice on the device (the
+        # layers' gathers and their stack), outside what the cache's sizing left free.
+        compute = torch.cuda.current_stream(cache.device)
+        for i, layer in enumerate(cache.layers):
+            kv = layer[:, slots]
+            self.stream.wait_stream(compute)
+            with torch.cuda.stream(self.stream):
+                view[i].copy_(kv, non_blocking=True)
+            kv.record_stream(self.stream)  # its memory is not reused before the copy has read it
         return view
 
     def release(self, view: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from shoal.nodes.worker.page_lock import lock_for_life, page_unlock
+from shoal.nodes.worker.page_lock import lock_for_life, page_aligned, page_unlock
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class HostLayer:
         for _, t in params:
             offsets.append(total)
             total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        self.buffer = torch.empty(max(total, 1), dtype=torch.uint8)
+        self.buffer = page_aligned(total)  # its own pages: locking it never meets another's
         self.views: dict[str, torch.Tensor] = {}
         for (name, t), at in zip(params, offsets):
             view = self.buffer[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)

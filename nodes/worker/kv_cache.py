@@ -77,12 +77,15 @@ class KVCache:
     def read(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         """A sequence's K/V in the canonical unpaged layout: [layers, 2, tokens, kvh, d], on
         the cache's device."""
-        slots = self.slots_of(block_table, 0, num_tokens).to(self.device)
-        return torch.stack([layer[:, slots] for layer in self.layers])
+        slots = self.slots_of(block_table, 0, num_tokens).to(self.device, non_blocking=True)
+        layer = self.layers[0]
+        out = torch.empty((len(self.layers), 2, num_tokens, *layer.shape[2:]), dtype=layer.dtype, device=self.device)
+        for i, layer in enumerate(self.layers):  # into one tensor: not the layers' gathers and their stack
+            torch.index_select(layer, 1, slots, out=out[i])
+        return out
 
     def write(self, block_table: list[int], kv: torch.Tensor) -> None:
         """`kv` in the canonical layout, from any device (host KV goes over in one copy)."""
-        slots = self.slots_of(block_table, 0, kv.shape[2]).to(self.device)
-        kv = kv.to(self.device, non_blocking=kv.is_pinned())
-        for layer, src in zip(self.layers, kv):
-            layer[:, slots] = src.to(layer.dtype)
+        slots = self.slots_of(block_table, 0, kv.shape[2]).to(self.device, non_blocking=True)
+        for layer, src in zip(self.layers, kv):  # a layer at a time: never the whole sequence twice
+            layer[:, slots] = src.to(self.device, non_blocking=src.is_pinned()).to(layer.dtype)

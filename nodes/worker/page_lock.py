@@ -57,6 +57,20 @@ def _unlock_then_free(unlock, ptr: int, tensor: torch.Tensor) -> None:
     del tensor
 
 
+PAGE = 4096
+
+
+def page_aligned(nbytes: int) -> torch.Tensor:
+    """`nbytes` (rounded up to whole pages) of host memory that begins on a page boundary,
+    as uint8. Why: the driver locks whole pages, and refuses a range that shares a page
+    with one already registered (CUDA error 712); two buffers malloc placed side by side
+    (streamed layers below glibc's mmap threshold) can share one."""
+    size = -(-max(nbytes, 1) // PAGE) * PAGE
+    raw = torch.empty(size + PAGE, dtype=torch.uint8)
+    skip = -raw.data_ptr() % PAGE
+    return raw[skip:skip + size]
+
+
 def lock_for_life(owner: object, tensor: torch.Tensor, lock=page_lock, unlock=page_unlock) -> str | None:
     """Page-locks a contiguous host tensor's memory until `owner` is freed (then unlocks
     it, and only then lets it go); None when it took, else why not (the memory stays

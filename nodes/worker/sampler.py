@@ -117,10 +117,25 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     return chosen.tolist(), (margins.cpu() if margins is not None else None), draws
 
 
-def pick(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], row_top2=None):
+# Bytes of one [rows, vocab] float64 tensor of a sampled chunk: the draw holds about ten
+# at once (tempered logits, probabilities, the filter's sorted copies, the CDF). At 1,024
+# rows of a 152k vocabulary that would be 12-14 GB of the device, all of it taken from
+# the KV cache by the memory profile; in chunks of 128 MiB, about 1.3 GB.
+SAMPLE_CHUNK_BYTES = 128 << 20
+
+
+def chunk_rows(vocab: int) -> int:
+    """Sampled rows drawn together: each row's draw depends on its own logits only, so
+    drawing in chunks gives the same tokens as drawing all at once."""
+    return max(1, SAMPLE_CHUNK_BYTES // (vocab * 8))
+
+
+def pick(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[float], row_top2=None,
+         rows_per_chunk: int | None = None):
     """`sample`'s tensor work, on the logits' device with no read back: the chosen ids
     [B], the margins [B] or None, and for the sampled rows (row indices, each draw's
-    interval lo and hi [R], the cut's distance [R], inf where nothing was cut), or None."""
+    interval lo and hi [R], the cut's distance [R], inf where nothing was cut), or None.
+    The sampled rows are drawn `rows_per_chunk` at a time (default: `chunk_rows`)."""
     dev = logits.device
     if row_top2 is not None and logits.is_contiguous() and dev.type == "cpu":
         chosen, margins = row_top2(logits)
@@ -134,6 +149,18 @@ def pick(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[floa
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return chosen, margins, None
+    step = rows_per_chunk or chunk_rows(logits.shape[1])
+    parts = [_draw(logits, chosen, rows[at:at + step], params, uniforms) for at in range(0, len(rows), step)]
+    if len(parts) == 1:
+        return chosen, margins, (rows, *parts[0])
+    return chosen, margins, (rows, *(torch.cat(p) for p in zip(*parts)))
+
+
+def _draw(logits: torch.Tensor, chosen: torch.Tensor, rows: list[int], params: list[SamplingParams],
+          uniforms: list[float]):
+    """Draws `rows` of `logits` into `chosen`; each draw's interval lo and hi, and the cut's
+    distance, [len(rows)] each."""
+    dev = logits.device
     idx = to_device(rows, dev)
     temps = to_device([params[i].temperature for i in rows], dev, torch.float64).unsqueeze(1)
     scaled = logits[idx].double() / temps
@@ -157,4 +184,4 @@ def pick(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[floa
     hi = cdf.gather(1, chosen_rows)
     lo = hi - probs.gather(1, chosen_rows)
     chosen[idx] = chosen_rows.squeeze(1)
-    return chosen, margins, (rows, (lo / total).squeeze(1), (hi / total).squeeze(1), cut)
+    return (lo / total).squeeze(1), (hi / total).squeeze(1), cut

