@@ -23,7 +23,7 @@ from shoal.nodes.worker.host_kv_pool import HostKVPool
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
-from shoal.nodes.worker.pending_tokens import PendingTokens
+from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry, logprob_tensors
 from shoal.nodes.worker.sampler import pick, sample, to_device, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
@@ -227,7 +227,7 @@ class LLMEngine:
 
     def _enqueue(self, seq: Sequence) -> None:
         p = seq.params
-        seq.sample_ahead = p.logprobs is None and not p.return_margins
+        seq.sample_ahead = not p.return_margins
         seq.needs_last_token = seq.matcher is not None or p.penalized
         seq.arrival = self._arrivals
         self._arrivals += 1
@@ -506,12 +506,18 @@ class LLMEngine:
         """Samples on the logits' device and reads nothing back: the next step reads the
         tokens (`_read_in_flight`). Each draw's position counts the tokens in flight."""
         self._apply_masks(seqs, logits, masks)
+        want_lp = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        log_probs = lp.log_probs(logits, want_lp) if want_lp else None  # (before bias and penalties, as `_sample`)
         self._process_logits(seqs, logits)
         us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids) + s.pending)
               for s in seqs]
         ops = self.runner.ops
         chosen, _, _ = pick(logits, [s.params for s in seqs], us, ops.row_top2 if ops is not None else None)
-        launched = PendingTokens(seqs, chosen)
+        logprobs = None
+        if log_probs is not None:
+            k = max(seqs[i].params.logprobs for i in want_lp)
+            logprobs = (want_lp, *logprob_tensors(log_probs, chosen[to_device(want_lp, chosen.device)], k))
+        launched = PendingTokens(seqs, chosen, logprobs)
         # Those the tokens in flight end whatever they are: the next step plans without
         # them (a row, and perhaps a block, for a token that would be dropped).
         launched.ending = {s for s in seqs if len(s.output_token_ids) + s.pending >= s.params.max_tokens
@@ -524,6 +530,9 @@ class LLMEngine:
         pending, self._in_flight = self._in_flight, None
         tokens = pending.read()
         live = [(seq, tok) for seq, tok in zip(pending.seqs, tokens) if seq.status != SeqStatus.FINISHED]
+        for i, entry in pending.logprob_entries():
+            if pending.seqs[i].status != SeqStatus.FINISHED:
+                pending.seqs[i].logprobs.append(entry)
         for seq, tok in live:  # every token first: a failure below leaves no sequence short of one
             seq.output_token_ids.append(tok)
         self.stats.generated_tokens += len(live)
@@ -585,16 +594,9 @@ class LLMEngine:
     def _record_logprobs(self, seqs: list[Sequence], tokens: list[int], log_probs: torch.Tensor) -> None:
         """Each row's sampled token's logprob and its top alternatives, read back once."""
         k = max(s.params.logprobs for s in seqs)
-        # A token the grammar forbids has -inf: written as -9999, as vLLM's server writes
-        # it (JSON has no infinity, and OpenAI's types want a number).
-        log_probs = log_probs.clamp(min=-9999.0)
-        chosen = log_probs.gather(1, torch.tensor(tokens, device=log_probs.device).unsqueeze(1)).squeeze(1)
-        top = torch.topk(log_probs, k, dim=-1) if k else None
-        chosen = chosen.tolist()
-        values, ids = (top.values.tolist(), top.indices.tolist()) if top is not None else ([[]] * len(seqs),) * 2
-        for seq, c, vs, ts in zip(seqs, chosen, values, ids):
-            n = seq.params.logprobs
-            seq.logprobs.append([c, [[t, v] for t, v in zip(ts[:n], vs[:n])]])
+        picked, values, ids = (t.tolist() for t in logprob_tensors(log_probs, to_device(tokens, log_probs.device), k))
+        for seq, c, vs, ts in zip(seqs, picked, values, ids):
+            seq.logprobs.append(logprob_entry(seq.params.logprobs, c, vs, ts))
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params

@@ -47,7 +47,7 @@ def apply_bitmask(logits: torch.Tensor, rows: list[int], mask: np.ndarray) -> No
 
 def log_probs(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """fp32 log-softmax of `rows`, [len(rows), V]."""
-    return torch.log_softmax(logits[torch.tensor(rows, device=logits.device)].float(), dim=-1)
+    return torch.log_softmax(logits[to_device(rows, logits.device)].float(), dim=-1)
 
 
 def _padded(token_lists: list[list[int]], pad: int, device) -> torch.Tensor:

@@ -8,14 +8,18 @@ first, and reads step N's tokens after: N+1's rows that continue a sequence samp
 take their input token from N's chosen ids on the device (`ModelRunner.run`'s `carry`),
 and the host's work hides behind the device's.
 
+Rows that ask for logprobs go ahead too: their log-softmax, the chosen token's logprob
+and the top alternatives are computed on the device with the draw and come back with the
+tokens, in the same copy's wait.
+
 A sequence counts its tokens in flight (`Sequence.pending`), so the planner sees its
 length as it will be. One that N's token ends (an end token, a stop string) has already
 run its row of N+1: that row is wasted and its token dropped, as vLLM does (one that
 ends by its length is known to, and is left out of N+1). Rows whose sampling needs the
 last token on the host (a grammar's mask, penalties: `Sequence.needs_last_token`) sample
 after N's tokens are read, with N+1's model already queued; a step that samples a row
-reading more than its token back (logprobs, margins: not `Sequence.sample_ahead`) reads
-N's tokens before it runs.
+reading its margins back (the comparator's, not `Sequence.sample_ahead`) reads N's
+tokens before it runs.
 """
 
 from __future__ import annotations
@@ -24,19 +28,21 @@ import torch
 
 
 class PendingTokens:
-    def __init__(self, seqs: list, chosen: torch.Tensor):
+    def __init__(self, seqs: list, chosen: torch.Tensor, logprobs: tuple | None = None):
         """`seqs`: the step's sampling sequences, in the order of `chosen` ([R] token ids
-        on the step's device, still being computed there)."""
+        on the step's device, still being computed there). `logprobs`: for the rows that
+        ask for them, (their indices in `seqs`, then the tensors `logprob_entries` reads:
+        the chosen token's logprob [W], the top values and ids [W, k])."""
         self.seqs = seqs
         self.chosen = chosen.to(torch.long)
+        self.logprob_rows, tensors = (logprobs[0], logprobs[1:]) if logprobs is not None else ([], ())
         if self.chosen.device.type == "cuda":
-            # Pinned, so the copy does not wait for the host; the event says when it landed.
-            self._host = torch.empty(self.chosen.shape, dtype=torch.long, pin_memory=True)
-            self._host.copy_(self.chosen, non_blocking=True)
+            # Pinned, so the copies do not wait for the host; the event says when they landed.
+            self._host, *self._logprobs = (_to_host(t) for t in (self.chosen, *tensors))
             self._landed = torch.cuda.Event()
             self._landed.record()
         else:  # computed already
-            self._host, self._landed = self.chosen, None
+            self._host, self._logprobs, self._landed = self.chosen, list(tensors), None
         self.row = {seq: i for i, seq in enumerate(seqs)}  # (a Sequence hashes by identity)
         self.ending: set = set()  # sequences these tokens end whatever they are (the engine says)
         for seq in seqs:
@@ -49,3 +55,33 @@ class PendingTokens:
         for seq in self.seqs:
             seq.pending -= 1
         return self._host.tolist()
+
+    def logprob_entries(self) -> list[tuple[int, list]]:
+        """After `read`: (row in `seqs`, its logprobs entry) for the rows that asked."""
+        if not self.logprob_rows:
+            return []
+        picked, values, ids = (t.tolist() for t in self._logprobs)
+        return [(i, logprob_entry(self.seqs[i].params.logprobs, c, vs, ts))
+                for i, c, vs, ts in zip(self.logprob_rows, picked, values, ids)]
+
+
+def logprob_entry(n: int, picked: float, values: list[float], ids: list[int]) -> list:
+    """A token's logprobs as a sequence records them: its own, then its top `n`
+    alternatives as [id, logprob] pairs."""
+    return [picked, [[t, v] for t, v in zip(ids[:n], values[:n])]]
+
+
+def logprob_tensors(log_probs: torch.Tensor, chosen: torch.Tensor, k: int):
+    """On the device: each row's chosen token's logprob [W] and its top `k` values and ids
+    [W, k]. A token the grammar forbids has -inf: written as -9999, as vLLM's server
+    writes it (JSON has no infinity, and OpenAI's types want a number)."""
+    log_probs = log_probs.clamp(min=-9999.0)
+    picked = log_probs.gather(1, chosen.to(torch.long).unsqueeze(1)).squeeze(1)
+    top = torch.topk(log_probs, k, dim=-1)
+    return picked, top.values, top.indices
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host

@@ -181,9 +181,12 @@ def test_a_step_on_a_device_takes_no_host_tensor(tiny_model):
 
 
 def test_sampling_on_a_device_takes_no_host_tensor():
-    """Greedy, temperature, top-k and top-p rows picked on the device: no op mixes host
-    and device tensors (the row indices and uniforms go over as copies)."""
-    from shoal.nodes.worker.sampler import pick
+    """Greedy, temperature, top-k and top-p rows picked on the device, whole and in
+    chunks, and the logprobs that go ahead with them: no op mixes host and device tensors
+    (the row indices and uniforms go over as copies)."""
+    from shoal.nodes.worker import logits_processing as lp
+    from shoal.nodes.worker.pending_tokens import logprob_tensors
+    from shoal.nodes.worker.sampler import pick, to_device
     from shoal.sampling import SamplingParams
 
     logits = torch.empty(4, 300, device="meta")
@@ -192,7 +195,11 @@ def test_sampling_on_a_device_takes_no_host_tensor():
     mode = RejectMixedDevices("meta")
     with mode:
         chosen, margins, sampled = pick(logits, params, [0.0, 0.3, 0.6, 0.9])
+        _, _, chunked = pick(logits, params, [0.0, 0.3, 0.6, 0.9], rows_per_chunk=2)
+        picked, values, ids = logprob_tensors(lp.log_probs(logits, [0, 2]), chosen[to_device([0, 2], logits.device)], 3)
     assert chosen.device.type == "meta" and margins.device.type == "meta" and sampled[0] == [1, 2, 3]
+    assert chunked[0] == [1, 2, 3] and chunked[1].shape == (3,) and chunked[3].device.type == "meta"
+    assert picked.shape == (2,) and values.shape == ids.shape == (2, 3) and ids.device.type == "meta"
     assert not mode.offenders, f"ops given host tensors beside device ones: {sorted(set(mode.offenders))}"
 
 
