@@ -24,7 +24,8 @@ from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
 from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry, logprob_tensors
-from shoal.nodes.worker.sampler import pick, sample, to_device, uniform
+from shoal.nodes.worker.device_copy import to_device
+from shoal.nodes.worker.sampler import pick, sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.step_clock import StepClock

@@ -19,6 +19,7 @@ import logging
 
 import torch
 
+from shoal.nodes.worker.device_copy import host_to_device
 from shoal.nodes.worker.kv_cache import KVCache
 from shoal.nodes.worker.page_lock import lock_for_life, page_aligned
 from shoal.nodes.worker.span_allocator import SpanAllocator
@@ -55,8 +56,7 @@ class HostKVPool:
             return None
         L, two, kvh, d = self.shape
         view = self.arena[start * self.token_elems:(start + num_tokens) * self.token_elems].view(L, two, num_tokens, kvh, d)
-        # (non_blocking: a pageable copy that does not wait for the step in flight)
-        slots = cache.slots_of(block_table, 0, num_tokens).to(cache.device, non_blocking=True)
+        slots = host_to_device(cache.slots_of(block_table, 0, num_tokens), cache.device)  # (not waiting for the step in flight)
         if not self.gpu:
             for i, layer in enumerate(cache.layers):
                 torch.index_select(layer, 1, slots, out=view[i])

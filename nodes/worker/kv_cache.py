@@ -9,6 +9,7 @@ import time
 import torch
 
 from shoal.nodes.worker import huge_pages
+from shoal.nodes.worker.device_copy import host_to_device
 from shoal.nodes.worker.models.config import DecoderConfig
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class KVCache:
     def read(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
         """A sequence's K/V in the canonical unpaged layout: [layers, 2, tokens, kvh, d], on
         the cache's device."""
-        slots = self.slots_of(block_table, 0, num_tokens).to(self.device, non_blocking=True)
+        slots = host_to_device(self.slots_of(block_table, 0, num_tokens), self.device)
         layer = self.layers[0]
         out = torch.empty((len(self.layers), 2, num_tokens, *layer.shape[2:]), dtype=layer.dtype, device=self.device)
         for i, layer in enumerate(self.layers):  # into one tensor: not the layers' gathers and their stack
@@ -86,6 +87,6 @@ class KVCache:
 
     def write(self, block_table: list[int], kv: torch.Tensor) -> None:
         """`kv` in the canonical layout, from any device (host KV goes over in one copy)."""
-        slots = self.slots_of(block_table, 0, kv.shape[2]).to(self.device, non_blocking=True)
+        slots = host_to_device(self.slots_of(block_table, 0, kv.shape[2]), self.device)
         for layer, src in zip(self.layers, kv):  # a layer at a time: never the whole sequence twice
             layer[:, slots] = src.to(self.device, non_blocking=src.is_pinned()).to(layer.dtype)

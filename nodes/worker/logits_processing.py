@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shoal.nodes.worker.sampler import to_device
+from shoal.nodes.worker.device_copy import host_to_device, to_device
 
 _NEG_INF = float("-inf")
 
@@ -26,7 +26,7 @@ def unpack_bitmask(mask: np.ndarray, vocab: int, device) -> torch.Tensor:
     if torch.device(device).type == "cpu":  # numpy unpacks bytes to bits in one C loop
         bits = np.unpackbits(mask.view(np.uint8), axis=1, count=vocab, bitorder="little")
         return torch.from_numpy(bits).view(torch.bool)
-    return unpack_words(torch.from_numpy(mask).to(device, non_blocking=True), vocab)
+    return unpack_words(host_to_device(torch.from_numpy(mask), device), vocab)
 
 
 def unpack_words(words: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -56,7 +56,7 @@ def _padded(token_lists: list[list[int]], pad: int, device) -> torch.Tensor:
     for i, toks in enumerate(token_lists):
         if toks:
             out[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-    return out.to(device, non_blocking=True)
+    return host_to_device(out, device)
 
 
 def _counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tensor:

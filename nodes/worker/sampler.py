@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shoal.nodes.worker.device_copy import to_device
 from shoal.sampling import SamplingParams
 
 _MASK = (1 << 64) - 1
@@ -62,13 +63,6 @@ class Draw:
 
     def to_list(self) -> list:
         return [self.u, self.lo, self.hi, self.cut]
-
-
-def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A few host values (row indices, parameters) as a tensor on `device`, copied without
-    waiting for the device: `torch.tensor(values, device=cuda)` synchronizes the stream,
-    which with async scheduling would wait for the step just launched."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _filter(scaled: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):

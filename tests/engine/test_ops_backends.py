@@ -186,7 +186,8 @@ def test_sampling_on_a_device_takes_no_host_tensor():
     (the row indices and uniforms go over as copies)."""
     from shoal.nodes.worker import logits_processing as lp
     from shoal.nodes.worker.pending_tokens import logprob_tensors
-    from shoal.nodes.worker.sampler import pick, to_device
+    from shoal.nodes.worker.device_copy import to_device
+    from shoal.nodes.worker.sampler import pick
     from shoal.sampling import SamplingParams
 
     logits = torch.empty(4, 300, device="meta")

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from shoal.nodes.worker.device_copy import host_to_device
 from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
 from shoal.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
 
@@ -77,7 +78,7 @@ class Encoder:
         for i, row in enumerate(batch):
             ids[i, : len(row)] = torch.tensor(row)
             mask[i, : len(row)] = True
-        ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+        ids, mask = host_to_device(ids, self.device), host_to_device(mask, self.device)
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
              + w["embeddings.token_type_embeddings.weight"][0])
         x = F.layer_norm(x, (self.dim,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], cfg.layer_norm_eps)
