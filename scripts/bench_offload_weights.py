@@ -59,13 +59,31 @@ def prompts_for(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return [[r.randrange(vocab - 1) for _ in range(r.randint(32, 64))] for _ in range(n)]
 
 
+_weight_bytes: dict[tuple[str, str], int] = {}
+
+
+def weight_bytes(model: str, device: str) -> int:
+    """The model's weight bytes in the dtype the engine picks on `device`: one small eager
+    engine per model (no decode graphs captured), remembered for every fraction."""
+    from shoal.nodes.worker.engine import EngineConfig, LLMEngine
+    from shoal.nodes.worker.weight_streamer import nbytes
+
+    if (model, device) not in _weight_bytes:
+        probe = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, num_blocks=4, device=device,
+                                              enforce_eager=True))
+        _weight_bytes[model, device] = nbytes(probe.model)
+        del probe
+        release_device()
+    return _weight_bytes[model, device]
+
+
 def run(model: str, prompts, out: int, fraction: float | None, batch: int, budget: int, repeats: int = 1,
         device: str = "cpu") -> dict:
     """fraction: of the weights resident (Shoal); None: the layer-streaming baseline.
     The best of `repeats` timed runs (this machine's neighbours come and go). `device`:
     where the engine computes (on a GPU the streamed weights come over PCIe)."""
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-    from shoal.nodes.worker.weight_streamer import WeightStreamer, nbytes
+    from shoal.nodes.worker.weight_streamer import WeightStreamer
     from shoal.sampling import SamplingParams
 
     if fraction is None:
@@ -77,11 +95,7 @@ def run(model: str, prompts, out: int, fraction: float | None, batch: int, budge
                                                            routed_experts_only=False)
         groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     else:
-        probe = LLMEngine(model, EngineConfig(policy="mb", packed_linears=False, num_blocks=4, device=device))
-        weights = nbytes(probe.model)  # in the dtype the engine picks here
-        del probe
-        release_device()
-        memory = int(weights * fraction) if fraction < 1 else 0
+        memory = int(weight_bytes(model, device) * fraction) if fraction < 1 else 0
         eng = LLMEngine(model, EngineConfig(policy="mb", device_memory=memory, max_num_seqs=max(256, len(prompts)),
                                             max_num_batched_tokens=budget, device=device))
         groups = [prompts]

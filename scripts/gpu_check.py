@@ -31,10 +31,12 @@ an exception), never for a section skipped for lack of a package or a device.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import importlib.util
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -54,6 +56,9 @@ from workloads import GenerationWork, job_items, vocabulary_words, w1, w2_texts 
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
+# Async scheduling: the engine's default on a GPU; forced in the dry run, so that the CPU
+# runs the path the GPU sections will take (on a CPU it is off by default).
+ASYNC = None if GPU else True
 
 
 def sync() -> None:
@@ -119,6 +124,12 @@ def limits(args) -> dict:
     mm_s = timed(lambda: a @ b, 10)
     return {"copy_bytes_per_s": 2 * n / copy_s, "matmul_flops": 2 * m**3 / mm_s,
             "line": f"copy {2 * n / copy_s / 1e12:.2f} TB/s (read + written), bf16 matmul {2 * m**3 / mm_s / 1e12:.0f} TFLOP/s"}
+
+
+def measured_limits(found: dict, args) -> dict:
+    """This run's limits section, or measured now where it did not run or failed."""
+    got = found.get("limits") or {}
+    return got if "copy_bytes_per_s" in got else limits(args)
 
 
 def small_model(args, dtype: str) -> str:
@@ -218,8 +229,10 @@ class StepLog:
     ran (a row needed them) timed both, and is left out."""
 
     def __init__(self, eng):
-        self.steps: list[tuple[float, int, int, int, int]] = []  # wall, prefill rows, their attention span, decodes, decode ctx
-        run, step = eng.runner.run, eng.step
+        # wall, prefill rows, their attention span, decodes, decode ctx, rows sampled (the lm_head's)
+        self.steps: list[tuple[float, int, int, int, int, int]] = []
+        self.eng, self.originals = eng, (eng.runner.run, eng.step)
+        run, step = self.originals
         self.last = None  # the last step's work
 
         def logged_run(chunks, mask, carry=None):
@@ -227,7 +240,7 @@ class StepLog:
             span = sum(n * (s.num_computed + (n + 1) / 2) for s, n in chunks if n > 1)
             dec = sum(1 for _, n in chunks if n == 1)
             ctx = sum(s.num_computed + 1 for s, n in chunks if n == 1)
-            self.current = (pre, int(span), dec, ctx)
+            self.current = (pre, int(span), dec, ctx, sum(mask))
             return run(chunks, mask, carry)
 
         def logged_step():
@@ -246,21 +259,29 @@ class StepLog:
 
         eng.runner.run, eng.step = logged_run, logged_step
 
+    def remove(self) -> None:
+        """The engine's own methods back (the profile section measures it next)."""
+        self.eng.runner.run, self.eng.step = self.originals
+
 
 def w1_inprocess(args, limits_found: dict) -> dict:
     """W1-GPU on the default backend (Triton, decode graphs); where that fails, once more
     on the torch backend, eager, so that the run still measures something, and says so."""
     try:
         return w1_run(args, limits_found, "auto", False)
-    except Exception as e:
+    except EngineFailed as e:
         if not GPU:
             raise
-        failure = f"{type(e).__name__}: {e}"  # not `e`: its traceback holds the failed engine's memory
+        failure = str(e)  # not `e` itself: its traceback holds the failed engine's memory
     release()
     out = w1_run(args, limits_found, "torch", True)
     out["default_backend_failed"] = failure
     out["line"] += f" [torch backend, eager: the default failed with {failure[:200]}]"
     return out
+
+
+class EngineFailed(Exception):
+    """The engine failed to start or to run W1 (not the figures computed after)."""
 
 
 def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
@@ -271,25 +292,30 @@ def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
     model = big_model(args)
     work = w1_work(args, model)
     t = time.perf_counter()
-    # (The dry run on a CPU takes the GPU's async scheduling too, to run its code.)
-    eng = LLMEngine(model, EngineConfig(device=DEVICE, policy=args.policy, attention=attention, enforce_eager=eager,
-                                        async_scheduling=None if GPU else True))
-    start_s = time.perf_counter() - t
-    log = StepLog(eng)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
-    t = time.perf_counter()
-    outs = eng.generate(work.prompts, params)
-    wall = time.perf_counter() - t
+    try:
+        # (The dry run on a CPU takes the GPU's async scheduling too, to run its code.)
+        eng = LLMEngine(model, EngineConfig(device=DEVICE, policy=args.policy, attention=attention, enforce_eager=eager,
+                                            async_scheduling=ASYNC))
+        start_s = time.perf_counter() - t
+        log = StepLog(eng)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in work.output_lens]
+        t = time.perf_counter()
+        outs = eng.generate(work.prompts, params)
+        wall = time.perf_counter() - t
+    except Exception as e:
+        raise EngineFailed(f"{type(e).__name__}: {e}") from None
+    log.remove()
     tokens = work.prompt_tokens + sum(len(o.token_ids) for o in outs)
     cfg = eng.model_cfg
     weights = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-    matmul_params = sum(p.numel() for n, p in eng.model.named_parameters() if "embed" not in n)
-    if cfg.tie_word_embeddings:
-        matmul_params += eng.model.embed.weight.numel()  # the tied lm_head multiplies too
+    # Every token goes through the layers' matmuls; only the sampled rows through the lm_head.
+    layer_params = sum(p.numel() for n, p in eng.model.named_parameters() if "embed" not in n and "lm_head" not in n)
+    head_params = cfg.vocab_size * cfg.hidden_size
     kv_token = bytes_per_token(cfg, eng.cache.layers[0].dtype)
-    decode = [(w, weights + ctx * kv_token) for w, pre, _, dec, ctx in log.steps if pre == 0 and dec >= 128]
-    prefill = [(w, 2 * matmul_params * pre + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * span)
-               for w, pre, span, dec, _ in log.steps if dec == 0 and pre > 0]
+    decode = [(w, weights + ctx * kv_token) for w, pre, _, dec, ctx, _ in log.steps if pre == 0 and dec >= 128]
+    prefill = [(w, 2 * layer_params * pre + 2 * head_params * rows
+                + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * span)
+               for w, pre, span, dec, _, rows in log.steps if dec == 0 and pre > 0]
     out = {"wall": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "engine_start_s": start_s,
            "steps": eng.stats.steps, "attention": eng.runner.ops.name if eng.runner.ops else "sdpa",
            "attention_reason": eng.setup.ops_reason, "graphs": eng.setup.graphs_reason, "kv_cache": eng.kv_cache_reason,
@@ -301,10 +327,12 @@ def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
     if decode:
         rates = [b / w for w, b in decode]
         out["decode_bytes_per_s_median"] = statistics.median(rates)
-        out["decode_share_of_copy_rate"] = statistics.median(rates) / limits_found["copy_bytes_per_s"]
+        if limits_found.get("copy_bytes_per_s"):
+            out["decode_share_of_copy_rate"] = statistics.median(rates) / limits_found["copy_bytes_per_s"]
     if prefill:
         out["prefill_flops_median"] = statistics.median(f / w for w, f in prefill)
-        out["prefill_share_of_matmul"] = out["prefill_flops_median"] / limits_found["matmul_flops"]
+        if limits_found.get("matmul_flops"):
+            out["prefill_share_of_matmul"] = out["prefill_flops_median"] / limits_found["matmul_flops"]
     if PROFILED["wanted"]:
         PROFILED["engine"] = eng  # the profile section looks inside this engine's steps
     out["line"] = (f"{out['tokens_per_s']:,.0f} total tokens/s ({wall:.1f} s, {out['steps']} steps, attention "
@@ -456,14 +484,15 @@ def w1_cluster(args, inprocess: dict | None) -> dict:
     failed = [r for r in results if r.get("error")]
     tokens = work.prompt_tokens + sum(len(r["token_ids"]) for r in results)
     out = {"ok": not failed, "wall": wall, "tokens_per_s": tokens / wall, "failed": len(failed)}
-    if inprocess:
+    if inprocess and inprocess.get("wall"):  # (not a failed first half's error)
         out["cluster_over_inprocess"] = wall / inprocess["wall"]
     if isinstance(prediction, str):
         out["prediction"] = prediction
     else:  # the simulator with the worker's own calibration (`shoal generate --dry-run`'s figure)
         out["predicted_s"], out["prediction_error"] = prediction, prediction / wall - 1
     out["line"] = (f"{tokens / wall:,.0f} total tokens/s ({wall:.1f} s)"
-                   + (f", {100 * (out['cluster_over_inprocess'] - 1):+.1f}% over in-process" if inprocess else "")
+                   + (f", {100 * (out['cluster_over_inprocess'] - 1):+.1f}% over in-process"
+                      if "cluster_over_inprocess" in out else "")
                    + (f"; predicted {prediction:.1f} s ({100 * out['prediction_error']:+.0f}%)"
                       if not isinstance(prediction, str) else f"; no prediction: {prediction}"))
     return out
@@ -530,7 +559,7 @@ def structured(args) -> dict:
     vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
     work = w1(vocab, min(args.sequences, 256) if GPU else 8)
     cap = 256 if GPU else 24
-    eng = LLMEngine(model, EngineConfig(device=DEVICE, prefix_caching=False, policy="mb"))
+    eng = LLMEngine(model, EngineConfig(device=DEVICE, prefix_caching=False, policy="mb", async_scheduling=ASYNC))
     constrained = [SamplingParams(max_tokens=min(n, cap), json_schema=schema()) for n in work.output_lens]
     eng.generate(work.prompts[:2], constrained[:2])  # warm: the grammar's tokenizer, graphs
 
@@ -586,7 +615,7 @@ def streaming(args) -> dict:
     params = SamplingParams(max_tokens=64 if GPU else 8, ignore_eos=True, return_margins=True)
     runs = {}
     for name in ("resident", "streamed"):
-        config = EngineConfig(device=DEVICE, dtype="bfloat16", policy="mb")
+        config = EngineConfig(device=DEVICE, dtype="bfloat16", policy="mb", async_scheduling=ASYNC)
         if name == "streamed":
             from shoal.nodes.worker.models.loader import load_decoder
             from shoal.nodes.worker.weight_streamer import nbytes
@@ -597,17 +626,21 @@ def streaming(args) -> dict:
             del probe
             # What stays resident besides the two slots: about half the layers.
             budget = fixed + 2 * max(layers) + sum(layers) // 2 - 2 * max(layers)
-            config = EngineConfig(device=DEVICE, dtype="bfloat16", policy="mb",
+            config = EngineConfig(device=DEVICE, dtype="bfloat16", policy="mb", async_scheduling=ASYNC,
                                   device_memory=max(budget, fixed + 2 * max(layers)))
         eng = LLMEngine(model, config)
         eng.generate(work.prompts[:2], SamplingParams(max_tokens=2, ignore_eos=True))  # warm
         sync()
+        streamer = eng.model.streamer
+        before = streamer.summary().get("bytes_fetched", 0) if streamer is not None else 0  # start, profile, warm-up
         t = time.perf_counter()
         outs = eng.generate(work.prompts, params)
         sync()
         wall = time.perf_counter() - t
         tokens = sum(len(o.token_ids) for o in outs)
-        stats = eng.model.streamer.summary() if eng.model.streamer is not None else {}
+        stats = streamer.summary() if streamer is not None else {}
+        if stats:
+            stats["bytes_fetched"] = stats.get("bytes_fetched", 0) - before  # this run's only
         runs[name] = {"outs": outs, "tok_s": tokens / wall, "tokens": tokens, "stream": stats}
         del eng
         release()
@@ -738,7 +771,7 @@ def w4(args) -> dict:
     # EB first: it calibrates the device, and MB (which never measures) and EB+ then run
     # at the calibrated step budget too, not MB at the default.
     for policy in ("eb", "mb", "ebplus"):
-        eng = LLMEngine(model, EngineConfig(device=DEVICE, dtype="bfloat16", policy=policy))
+        eng = LLMEngine(model, EngineConfig(device=DEVICE, dtype="bfloat16", policy=policy, async_scheduling=ASYNC))
         if policy != "mb" and eng.policy_fallback:
             fallbacks.append(f"{policy} fell back to MB: {eng.policy_fallback}")
         if predicted is None and eng.cost_model is not None:
@@ -767,6 +800,16 @@ NEEDS = {"w3": ["zmq", "orjson", "etcd3"], "greedy_fp32": ["transformers"], "gre
          "w1_cluster": ["zmq", "orjson", "etcd3"], "w2": ["sentence_transformers"], "structured": ["llguidance"]}
 
 
+def write_report(report: dict, args) -> None:
+    """The JSON file, and its copy in --mirror (what comes back from a device command)."""
+    text = json.dumps(report, indent=2, default=str)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    if args.mirror:
+        Path(args.mirror).mkdir(parents=True, exist_ok=True)
+        (Path(args.mirror) / Path(args.out).name).write_text(text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_check.json", help="the JSON file of every figure")
@@ -787,14 +830,22 @@ def main() -> int:
     unknown = set(only) - set(SECTIONS)
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    # A run cut off by `timeout` (SIGTERM) or a crash prints every thread's stack: where it hung.
+    faulthandler.enable()
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     PROFILED["wanted"] = "profile" in only
+    profiler_warmup = None
     if GPU and PROFILED["wanted"]:
         # CUPTI started before any CUDA graph is captured: profiling graphs captured before
         # its first start can miss their kernels or fault (torch's _init_for_cuda_graphs).
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-            pass
+        try:
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+                pass
+        except Exception as e:  # the profile section will fail on its own; the rest runs
+            profiler_warmup = f"{type(e).__name__}: {e}"
+            PROFILED["wanted"] = False
     os.environ.setdefault("SHOAL_STATE_DIR", str(Path(args.work).resolve() / "state"))
     Path(args.work).mkdir(parents=True, exist_ok=True)
     report: dict = {"device": DEVICE, "sections": {}}
@@ -804,9 +855,11 @@ def main() -> int:
         print(f"--append: no {args.out} yet (a fresh machine?): the sections that compare with the first "
               "half's figures will say so, and the models are made again", flush=True)
     found: dict = dict(report["sections"])
+    if profiler_warmup:
+        report["profiler_warmup_failed"] = profiler_warmup
     runs = {"env": lambda: env(args), "limits": lambda: limits(args), "greedy_fp32": lambda: greedy(args, "float32"),
             "greedy_bf16": lambda: greedy(args, "bfloat16"), "sampling": lambda: sampling(args),
-            "w1": lambda: w1_inprocess(args, found.get("limits") or limits(args)),
+            "w1": lambda: w1_inprocess(args, measured_limits(found, args)),
             "profile": lambda: profile(args),
             "transformers": lambda: transformers_w1(args), "w1_cluster": lambda: w1_cluster(args, found.get("w1")),
             "w2": lambda: w2(args), "structured": lambda: structured(args),
@@ -821,6 +874,8 @@ def main() -> int:
         if missing:
             result = {"skipped": f"missing {', '.join(missing)} (docs/gpu.md: the wheels to carry)"}
         else:
+            print(f"[{name}] started", flush=True)
+            write_report({**report, "running": name}, args)  # a run cut off says where
             t = time.perf_counter()
             try:
                 result = runs[name]()
@@ -838,12 +893,7 @@ def main() -> int:
             print("  " + ", ".join(f"{k} {v}" for k, v in result.items() if k != "seconds"), flush=True)
         report["sections"][name] = result
         report["total_seconds"] = round(time.perf_counter() - t_all, 1)
-        text = json.dumps(report, indent=2, default=str)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-        if args.mirror:
-            Path(args.mirror).mkdir(parents=True, exist_ok=True)
-            (Path(args.mirror) / Path(args.out).name).write_text(text)
+        write_report(report, args)
     if not GPU:
         print("no CUDA here: a dry run at tiny shapes on the CPU; its figures mean nothing")
     print(f"wrote {args.out} ({report['total_seconds']} s)")

@@ -80,14 +80,17 @@ class LocalCluster:
         self.nodes: dict[str, tuple[subprocess.Popen, list[str], str]] = {}  # name -> (process, args, address)
         self.etcd: EtcdServer | None = None
         self.router = ""
+        self._deadline: float | None = None  # while starting: when the start's timeout runs out
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None, prefix: list[str] | None = None) -> str:
         if not any(a.startswith("--bind") for a in args):
             args = [*args, f"--bind=tcp://{self.host}:0"]
         if self.insecure:
             args = [*args, "--insecure"]
+        left = None if self._deadline is None else self._deadline - time.monotonic()
         proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs",
-                                   self.env if env is None else env, prefix, self.die_with_parent, beside_workers=True)
+                                   self.env if env is None else env, prefix, self.die_with_parent, beside_workers=True,
+                                   timeout=left)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
         self.node_env[name] = env  # a restart keeps it (a worker keeps its GPU)
@@ -154,6 +157,9 @@ class LocalCluster:
         return new
 
     def start(self, timeout: float = 600) -> "LocalCluster":
+        """Starts etcd and every node; `timeout` bounds the whole start, each node's
+        start included (a worker that hangs while loading its model is killed)."""
+        self._deadline = time.monotonic() + timeout
         try:
             self.etcd = EtcdServer(self.dir / "etcd", host=self.host, die_with_parent=self.die_with_parent).start()
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
@@ -174,12 +180,14 @@ class LocalCluster:
             view = MemberView(self.etcd.endpoint, self.cluster).start()
             want = {*(f"storage-{i}" for i in range(self.storage_nodes)), "router-0", *(f"scheduler-{i}" for i in range(self.schedulers)),
                     *(f"worker-{i}" for i in range(self.workers))}
-            if not view.wait_for(lambda m: want <= set(m), timeout):
+            if not view.wait_for(lambda m: want <= set(m), max(1.0, self._deadline - time.monotonic())):
                 raise RuntimeError(f"nodes did not all register: {sorted(set(view.snapshot()))}")
             view.stop()
         except BaseException:
             self.stop()
             raise
+        finally:
+            self._deadline = None  # a node restarted later waits as long as it takes
         import json
 
         pids = [p.pid for p in self.procs] + [self.etcd.proc.pid]

@@ -20,13 +20,16 @@ SHARED_CORE_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM
 
 def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict | None = None,
                prefix: list[str] | None = None, die_with_parent: bool = False,
-               beside_workers: bool = False) -> tuple[subprocess.Popen, str]:
+               beside_workers: bool = False, timeout: float | None = None) -> tuple[subprocess.Popen, str]:
     """Starts `shoal node ROLE` in a fresh interpreter (never a fork of this one) with its
     log in log_dir/NAME.log and `env` added to this environment; returns the process
     and the address it serves on. `prefix` wraps the command (e.g. `ip netns exec NS`
     to run the node on a host of its own); `die_with_parent` ends the node when this
     process ends, however it ends (`parent_bound.py`); `beside_workers`: the host also
-    runs workers, so a node of another role gets SHARED_CORE_ENV under `env`."""
+    runs workers, so a node of another role gets SHARED_CORE_ENV under `env`. `timeout`:
+    seconds to wait for the address (a worker prints it once its models are loaded and
+    calibrated), after which the node is killed and RuntimeError names its log; None:
+    no limit."""
     import os
 
     from shoal.cluster.parent_bound import command
@@ -41,7 +44,18 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict |
     proc = subprocess.Popen([*(prefix or []), *(command(cmd) if die_with_parent else cmd)], stdout=subprocess.PIPE,
                             stderr=open(log_dir / f"{name}.log", "ab"), text=True, start_new_session=True,
                             env={**os.environ, **env} if env else None)
-    line = proc.stdout.readline().strip()
+    line = _first_line(proc, timeout)
+    if line is None:
+        import signal
+
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the node and any wrapper
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log = log_dir / f"{name}.log"
+        raise RuntimeError(f"{name} did not start within {timeout:.0f} s: killed; its last line: "
+                           f"{last_error_line(log) or 'nothing logged'} (log: {log})")
     if not line.startswith(f"{role}:"):
         try:
             proc.wait(5)  # it is exiting: let it finish writing its log
@@ -50,6 +64,18 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict |
         log = log_dir / f"{name}.log"
         raise RuntimeError(f"{name} did not start: {last_error_line(log) or line or 'no reason logged'} (log: {log})")
     return proc, line.split(" ", 1)[1]
+
+
+def _first_line(proc: subprocess.Popen, timeout: float | None) -> str | None:
+    """The node's first line on stdout (empty if it exited first), or None if none came
+    within `timeout` seconds."""
+    if timeout is not None:
+        import select
+
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, timeout))
+        if not ready:
+            return None
+    return proc.stdout.readline().strip()  # (the node writes its line whole, then flushes)
 
 
 def last_error_line(log: Path) -> str:

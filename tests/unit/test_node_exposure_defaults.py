@@ -51,3 +51,28 @@ def test_nodes_start_in_safe_path_mode(tmp_path, monkeypatch):
     shadowed = subprocess.run([sys.executable, "-m", "shoal.protocol.version"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60)
     assert "shadowing folder" in shadowed.stderr  # what -P prevents
+
+
+def test_a_node_that_never_prints_its_address_is_killed_at_the_timeout(tmp_path):
+    """A worker prints its address once its models are loaded and calibrated: one that
+    hangs there is killed when the start's time runs out, and the error names its log."""
+    import time
+
+    from shoal.cluster import node_process
+
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker-0 did not start within 1 s: killed.*worker-0\.log"):
+        # The node's command is given to a shell that only sleeps: no address ever comes.
+        node_process.spawn_node("worker", "worker-0", [], tmp_path / "logs", prefix=["sh", "-c", "sleep 59.7", "--"],
+                                timeout=1)
+    assert time.monotonic() - t < 10
+    from pathlib import Path
+
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes() == b"sleep\x0059.7\x00":
+                left.append(cmdline.parent.name)
+        except OSError:
+            pass  # (a process that ended meanwhile)
+    assert not left, f"the hung node was left running: pids {left}"
