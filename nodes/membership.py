@@ -40,6 +40,7 @@ def members_prefix(cluster: str, role: str | None = None) -> str:
 
 
 ETCD_RETRY_S = 1.0
+JOIN_TIMEOUT_S = 30.0  # how long a starting node keeps trying to reach etcd
 # gRPC waits longer between reconnects the longer a server is away (up to 120 s by
 # default): after a 30 s etcd outage a node would wait some 10 s more to see it back.
 # Reconnect at least every second: one cheap TCP connect per node while etcd is down.
@@ -111,8 +112,25 @@ class Registration:
         self.on_rejoin: Callable[[], None] | None = None
         self.incarnation = 0
 
-    def start(self) -> "Registration":
-        self._grant()
+    def start(self, join_timeout: float = JOIN_TIMEOUT_S) -> "Registration":
+        """Registers, trying again for up to `join_timeout` seconds while etcd cannot be
+        reached (a host that boots before etcd, a lost SYN on a lossy link: a node
+        started by `cluster-up` should not die of its first connect)."""
+        # (no sooner than the client's own retry time: until then it refuses the endpoint)
+        deadline, wait = time.monotonic() + join_timeout, ETCD_RETRY_S + 0.05
+        while True:
+            try:
+                self._grant()
+                break
+            except (etcd3.exceptions.ConnectionFailedError, etcd3.exceptions.ConnectionTimeoutError,
+                    etcd3.exceptions.NoServerAvailableError) as e:
+                if time.monotonic() + wait > deadline:
+                    raise RuntimeError(f"etcd at {self.endpoint} unreachable for {join_timeout:.0f} s: "
+                                       f"{type(e).__name__}: {e}") from e
+                log.warning("[join] %s: etcd at %s unreachable (%s); trying again in %.2f s", self.node_id,
+                            self.endpoint, type(e).__name__, wait)
+                time.sleep(wait)
+                wait = min(2 * wait, 2.0)
         self._thread = threading.Thread(target=self._keep_alive, name=f"lease-{self.node_id}", daemon=True)
         self._thread.start()
         log.info("[join] %s %s registered at %s", self.role, self.node_id, self.key)

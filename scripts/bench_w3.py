@@ -217,7 +217,8 @@ def run_shoal_lockstep(data: Path, n: int, kv_cache_bytes: int | None, device: s
 
 
 def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int | None, worker_args: list[str],
-                      state_dir: Path | None = None, start_timeout: float = 600, job_timeout: float | None = None
+                      state_dir: Path | None = None, start_timeout: float = 600, job_timeout: float | None = None,
+                      node_timeout: float | None = None
                       ) -> dict:
     """`state_dir`: the cluster's folder (its nodes' logs in `logs/`); the timeouts bound
     the cluster's start and the job (a device run has minutes, not hours)."""
@@ -231,7 +232,7 @@ def run_shoal_cluster(data: Path, n: int, kv_cache_bytes: int | None, worker_arg
     cluster = shoal.LocalCluster(str(data / "model"), encoder=meta["encoder"], worker_args=worker_args,
                                  state_dir=state_dir)
     try:
-        cluster.start(timeout=start_timeout)
+        cluster.start(timeout=start_timeout, node_timeout=node_timeout)
         client = shoal.Client(cluster.router)
         client.load_index(str(data / "index"), "default")
         before = worker_stats(cluster)

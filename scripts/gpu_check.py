@@ -129,7 +129,12 @@ def limits(args) -> dict:
 def measured_limits(found: dict, args) -> dict:
     """This run's limits section, or measured now where it did not run or failed."""
     got = found.get("limits") or {}
-    return got if "copy_bytes_per_s" in got else limits(args)
+    if "copy_bytes_per_s" in got:
+        return got
+    try:
+        return limits(args)
+    except Exception:  # W1 runs all the same, without the shares of the limits
+        return {}
 
 
 def small_model(args, dtype: str) -> str:
@@ -303,7 +308,7 @@ def w1_run(args, limits_found: dict, attention: str, eager: bool) -> dict:
         outs = eng.generate(work.prompts, params)
         wall = time.perf_counter() - t
     except Exception as e:
-        raise EngineFailed(f"{type(e).__name__}: {e}") from None
+        raise EngineFailed(f"{type(e).__name__}: {e}") from e
     log.remove()
     tokens = work.prompt_tokens + sum(len(o.token_ids) for o in outs)
     cfg = eng.model_cfg
@@ -470,7 +475,7 @@ def w1_cluster(args, inprocess: dict | None) -> dict:
     cluster = shoal.LocalCluster(model, workers=1, device=DEVICE, policy=args.policy,
                                  state_dir=Path(args.work) / f"cluster-w1-{int(time.time())}")
     try:
-        cluster.start(timeout=240)
+        cluster.start(timeout=240, node_timeout=300)  # a worker hung while loading is killed
         client = shoal.Client(cluster.router)
         prediction = predicted_job(client, job_items(work), model)
         t = time.perf_counter()
@@ -742,7 +747,8 @@ def w3(args) -> dict:
     release()
     state = Path(args.work) / f"cluster-w3-{int(time.time())}"
     try:  # every wait bounded, the nodes' logs kept and their tails reported (as in w1_cluster)
-        cluster = run_shoal_cluster(data, n, None, [], state_dir=state, start_timeout=240, job_timeout=300)
+        cluster = run_shoal_cluster(data, n, None, [], state_dir=state, start_timeout=240, job_timeout=300,
+                                    node_timeout=300)
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e}\n{log_tails(state / 'logs')}") from e
     wrong = [f"{name}: {side[k]} {k}, the questions ask {want[k]}" for name, side in
@@ -851,6 +857,7 @@ def main() -> int:
     report: dict = {"device": DEVICE, "sections": {}}
     if args.append and Path(args.out).exists():
         report = json.loads(Path(args.out).read_text())
+        report.pop("running", None)  # (a first half cut off)
     elif args.append:
         print(f"--append: no {args.out} yet (a fresh machine?): the sections that compare with the first "
               "half's figures will say so, and the models are made again", flush=True)

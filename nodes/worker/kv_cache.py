@@ -86,7 +86,8 @@ class KVCache:
         return out
 
     def write(self, block_table: list[int], kv: torch.Tensor) -> None:
-        """`kv` in the canonical layout, from any device (host KV goes over in one copy)."""
+        """`kv` in the canonical layout, from any device (host KV goes over a layer at a
+        time, each copy from pinned memory not waiting for the host)."""
         slots = host_to_device(self.slots_of(block_table, 0, kv.shape[2]), self.device)
-        for layer, src in zip(self.layers, kv):  # a layer at a time: never the whole sequence twice
+        for layer, src in zip(self.layers, kv):  # a layer at a time: the whole sequence never twice on the device
             layer[:, slots] = src.to(self.device, non_blocking=src.is_pinned()).to(layer.dtype)

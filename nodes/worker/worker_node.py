@@ -451,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     start_logging("worker", node_id)
     compute = ComputeThread()  # every model is loaded, calibrated and run on it
     # The encoder first: on a GPU the decoder's KV cache takes what the device has left
-    # after everything else it holds (docs/gpu.md), so the encoder's weights and the
-    # memory its calibrated batches keep are counted there, not left to a margin.
+    # after everything else it holds (docs/gpu.md), so the encoder's weights are counted
+    # there (its batches' activations come out of the margin the utilization leaves).
     encoder, encoder_cost = compute.call(load_encoder, args) if args.encoder else (None, None)
     engine = compute.call(load_decoder, args)
     config = config_from_args(args, open_by_default(args))

@@ -80,17 +80,16 @@ class LocalCluster:
         self.nodes: dict[str, tuple[subprocess.Popen, list[str], str]] = {}  # name -> (process, args, address)
         self.etcd: EtcdServer | None = None
         self.router = ""
-        self._deadline: float | None = None  # while starting: when the start's timeout runs out
+        self._node_timeout: float | None = None  # while starting: each node's time to start
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None, prefix: list[str] | None = None) -> str:
         if not any(a.startswith("--bind") for a in args):
             args = [*args, f"--bind=tcp://{self.host}:0"]
         if self.insecure:
             args = [*args, "--insecure"]
-        left = None if self._deadline is None else self._deadline - time.monotonic()
         proc, address = spawn_node(name.split("-")[0], name, args[1:], self.dir / "logs",
                                    self.env if env is None else env, prefix, self.die_with_parent, beside_workers=True,
-                                   timeout=left)
+                                   timeout=self._node_timeout)
         self.procs.append(proc)
         self.nodes[name] = (proc, args, address)
         self.node_env[name] = env  # a restart keeps it (a worker keeps its GPU)
@@ -156,10 +155,12 @@ class LocalCluster:
         self.nodes[name] = (self.nodes[name][0], args, new)
         return new
 
-    def start(self, timeout: float = 600) -> "LocalCluster":
-        """Starts etcd and every node; `timeout` bounds the whole start, each node's
-        start included (a worker that hangs while loading its model is killed)."""
-        self._deadline = time.monotonic() + timeout
+    def start(self, timeout: float = 600, node_timeout: float | None = None) -> "LocalCluster":
+        """Starts etcd and every node, then waits up to `timeout` seconds for all of them
+        to register. `node_timeout`: how long each node may take to start (a worker loads
+        and calibrates its models first), after which it is killed and the start fails
+        naming its log; None: as long as it takes (a first start may calibrate for minutes)."""
+        self._node_timeout = node_timeout
         try:
             self.etcd = EtcdServer(self.dir / "etcd", host=self.host, die_with_parent=self.die_with_parent).start()
             e = ["--etcd", self.etcd.endpoint, "--cluster", self.cluster]
@@ -180,14 +181,14 @@ class LocalCluster:
             view = MemberView(self.etcd.endpoint, self.cluster).start()
             want = {*(f"storage-{i}" for i in range(self.storage_nodes)), "router-0", *(f"scheduler-{i}" for i in range(self.schedulers)),
                     *(f"worker-{i}" for i in range(self.workers))}
-            if not view.wait_for(lambda m: want <= set(m), max(1.0, self._deadline - time.monotonic())):
+            if not view.wait_for(lambda m: want <= set(m), timeout):
                 raise RuntimeError(f"nodes did not all register: {sorted(set(view.snapshot()))}")
             view.stop()
         except BaseException:
             self.stop()
             raise
         finally:
-            self._deadline = None  # a node restarted later waits as long as it takes
+            self._node_timeout = None  # a node restarted later waits as long as it takes
         import json
 
         pids = [p.pid for p in self.procs] + [self.etcd.proc.pid]

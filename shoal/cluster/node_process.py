@@ -54,7 +54,7 @@ def spawn_node(role: str, name: str, args: list[str], log_dir: Path, env: dict |
             pass
         proc.wait()
         log = log_dir / f"{name}.log"
-        raise RuntimeError(f"{name} did not start within {timeout:.0f} s: killed; its last line: "
+        raise RuntimeError(f"{name} did not start within {max(0.0, timeout):.0f} s: killed; its last line: "
                            f"{last_error_line(log) or 'nothing logged'} (log: {log})")
     if not line.startswith(f"{role}:"):
         try:

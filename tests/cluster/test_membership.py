@@ -72,3 +72,33 @@ def test_watch_relists_after_compaction(etcd_endpoint, cluster_name):
     assert view.relists == 2
     reg.stop()
     view.stop()
+
+
+def test_a_node_started_before_etcd_joins_once_it_answers(tmp_path, cluster_name):
+    """A starting node keeps trying to reach etcd (a host that boots first, a SYN lost on
+    a lossy link) and registers once etcd answers; against an etcd that never comes, it
+    fails after its join timeout, naming the endpoint."""
+    import threading
+
+    import pytest
+
+    from shoal.cluster.etcd_server import EtcdServer
+
+    etcd = EtcdServer(tmp_path / "etcd")  # its ports chosen, not started yet
+    late = threading.Timer(1.5, etcd.start)
+    late.start()
+    t = time.monotonic()
+    try:
+        reg = Registration(etcd.endpoint, cluster_name, "worker", "early", {"address": "tcp://127.0.0.1:1"}).start(
+            join_timeout=30)
+        assert time.monotonic() - t >= 1.0 and reg.alive()
+        client = connect(etcd.endpoint)
+        assert [kv.key for kv in client.get_prefix_response(members_prefix(cluster_name)).kvs] == [reg.key.encode()]
+        client.close()
+        reg.stop()
+    finally:
+        late.join()
+        etcd.stop()
+    never = Registration(etcd.endpoint, cluster_name, "worker", "never", {})
+    with pytest.raises(RuntimeError, match=rf"etcd at {etcd.endpoint} unreachable for 1 s"):
+        never.start(join_timeout=1)
