@@ -75,7 +75,7 @@ def logprob_tensors(log_probs: torch.Tensor, chosen: torch.Tensor, k: int):
     """On the device: each row's chosen token's logprob [W] and its top `k` values and ids
     [W, k]. A token the grammar forbids has -inf: written as -9999, as vLLM's server
     writes it (JSON has no infinity, and OpenAI's types want a number)."""
-    log_probs = log_probs.clamp(min=-9999.0)
+    log_probs = log_probs.clamp_(min=-9999.0)  # (in place: the [W, V] tensor is this call's to spend)
     picked = log_probs.gather(1, chosen.to(torch.long).unsqueeze(1)).squeeze(1)
     top = torch.topk(log_probs, k, dim=-1)
     return picked, top.values, top.indices
