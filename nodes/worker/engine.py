@@ -17,6 +17,7 @@ import torch
 from shoal.constraint import ConstraintError
 from shoal.nodes.process_memory import heap_frozen_while
 from shoal.nodes.worker import logits_processing as lp
+from shoal.nodes.worker.device_copy import to_device
 from shoal.nodes.worker.engine_config import EngineConfig, EngineStats, RequestOutput
 from shoal.nodes.worker.grammar_cache import GrammarCache
 from shoal.nodes.worker.host_kv_pool import HostKVPool
@@ -24,7 +25,6 @@ from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
 from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry, logprob_tensors
-from shoal.nodes.worker.device_copy import to_device
 from shoal.nodes.worker.sampler import pick, sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
