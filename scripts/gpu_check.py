@@ -160,7 +160,8 @@ def greedy(args, dtype: str) -> dict:
     vocab = json.loads(Path(model, "config.json").read_text())["vocab_size"]
     work = w1(vocab, 8, seed=1)
     prompts = [p[: 16 + 23 * i] for i, p in enumerate(work.prompts)]
-    eng = LLMEngine(model, EngineConfig(device=DEVICE, dtype=dtype, policy="mb", max_num_batched_tokens=2048))
+    eng = LLMEngine(model, EngineConfig(device=DEVICE, dtype=dtype, policy="mb", max_num_batched_tokens=2048,
+                                        async_scheduling=ASYNC))
     outs = eng.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True, return_margins=True))
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype), attn_implementation="sdpa")
     hf = hf.to(DEVICE).eval()
@@ -193,8 +194,10 @@ def sampling(args) -> dict:
     prompts = [p[:40] for p in w1(vocab, 8, seed=2).prompts]
     params = SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=7, ignore_eos=True, return_margins=True)
     runs = {}
-    for side, device, attention in (("device", DEVICE, "auto"), ("cpu", "cpu", "sdpa")):
-        eng = LLMEngine(model, EngineConfig(device=device, dtype="float32", attention=attention, policy="mb"))
+    # (the device's steps with async scheduling, the CPU's in order)
+    for side, device, attention, overlap in (("device", DEVICE, "auto", ASYNC), ("cpu", "cpu", "sdpa", False)):
+        eng = LLMEngine(model, EngineConfig(device=device, dtype="float32", attention=attention, policy="mb",
+                                            async_scheduling=overlap))
         runs[side] = eng.generate(prompts, params)
     verdicts = [compare_outputs(a.token_ids, b.token_ids, [a.margins, b.margins], draws=[a.draws, b.draws])
                 for a, b in zip(runs["device"], runs["cpu"])]

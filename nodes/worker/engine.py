@@ -25,7 +25,7 @@ from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
 from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry, logprob_tensors
-from shoal.nodes.worker.sampler import pick, sample, uniform
+from shoal.nodes.worker.sampler import draws_of, pick, sample, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.step_clock import StepClock
@@ -228,7 +228,6 @@ class LLMEngine:
 
     def _enqueue(self, seq: Sequence) -> None:
         p = seq.params
-        seq.sample_ahead = not p.return_margins
         seq.needs_last_token = seq.matcher is not None or p.penalized
         seq.arrival = self._arrivals
         self._arrivals += 1
@@ -279,8 +278,7 @@ class LLMEngine:
             return []
         sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
         sampled = [seq for (seq, _), s in zip(chunks, sample_mask) if s]
-        ahead = (self.async_scheduling and self.on_logits is None and not self.park_at
-                 and all(seq.sample_ahead for seq in sampled))
+        ahead = self.async_scheduling and self.on_logits is None and not self.park_at
         # Rows whose sampling needs the last token (grammars, penalties) sample after the
         # read, which then waits for the last step while this one's model is queued.
         read_first = in_flight is not None and any(seq.needs_last_token for seq in sampled)
@@ -513,12 +511,21 @@ class LLMEngine:
         us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids) + s.pending)
               for s in seqs]
         ops = self.runner.ops
-        chosen, _, _ = pick(logits, [s.params for s in seqs], us, ops.row_top2 if ops is not None else None)
-        logprobs = None
+        params = [s.params for s in seqs]
+        chosen, margins, sampled = pick(logits, params, us, ops.row_top2 if ops is not None else None)
+        # What the rows asked to read besides their tokens comes back with them.
+        figures, rows = {}, {}
         if log_probs is not None:
             k = max(seqs[i].params.logprobs for i in want_lp)
-            logprobs = (want_lp, *logprob_tensors(log_probs, chosen[to_device(want_lp, chosen.device)], k))
-        launched = PendingTokens(seqs, chosen, logprobs)
+            figures["lp_picked"], figures["lp_values"], figures["lp_ids"] = logprob_tensors(
+                log_probs, chosen[to_device(want_lp, chosen.device)], k)
+            rows["logprob_rows"] = want_lp
+        if margins is not None:
+            figures["margins"] = margins
+            if sampled is not None and any(params[i].return_margins for i in sampled[0]):
+                rows["sampled_rows"], figures["lo"], figures["hi"], figures["cut"] = sampled
+                rows["uniforms"] = us
+        launched = PendingTokens(seqs, chosen, figures, **rows)
         # Those the tokens in flight end whatever they are: the next step plans without
         # them (a row, and perhaps a block, for a token that would be dropped).
         launched.ending = {s for s in seqs if len(s.output_token_ids) + s.pending >= s.params.max_tokens
@@ -531,9 +538,7 @@ class LLMEngine:
         pending, self._in_flight = self._in_flight, None
         tokens = pending.read()
         live = [(seq, tok) for seq, tok in zip(pending.seqs, tokens) if seq.status != SeqStatus.FINISHED]
-        for i, entry in pending.logprob_entries():
-            if pending.seqs[i].status != SeqStatus.FINISHED:
-                pending.seqs[i].logprobs.append(entry)
+        self._record_figures(pending)
         for seq, tok in live:  # every token first: a failure below leaves no sequence short of one
             seq.output_token_ids.append(tok)
         self.stats.generated_tokens += len(live)
@@ -543,6 +548,24 @@ class LLMEngine:
             if reason:
                 finished.append(self._finish(seq, reason))
         return finished
+
+    def _record_figures(self, pending: PendingTokens) -> None:
+        """The logprobs, margins and draws that came back with tokens in flight, recorded
+        by the sequences still running, as `_sample` records them."""
+        got = pending.figures()
+        seqs = pending.seqs
+        if "lp_picked" in got:
+            for i, c, vs, ts in zip(pending.logprob_rows, got["lp_picked"], got["lp_values"], got["lp_ids"]):
+                if seqs[i].status != SeqStatus.FINISHED:
+                    seqs[i].logprobs.append(logprob_entry(seqs[i].params.logprobs, c, vs, ts))
+        if "margins" in got:
+            draws = (draws_of(pending.sampled_rows, got["lo"], got["hi"], got["cut"], [s.params for s in seqs],
+                              pending.uniforms) if "lo" in got else {})
+            for i, (seq, margin) in enumerate(zip(seqs, got["margins"])):
+                if seq.status != SeqStatus.FINISHED and seq.params.return_margins:
+                    seq.margins.append(margin)
+                    if i in draws:
+                        seq.draws.append(draws[i].to_list())
 
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> list[RequestOutput]:

@@ -8,18 +8,16 @@ first, and reads step N's tokens after: N+1's rows that continue a sequence samp
 take their input token from N's chosen ids on the device (`ModelRunner.run`'s `carry`),
 and the host's work hides behind the device's.
 
-Rows that ask for logprobs go ahead too: their log-softmax, the chosen token's logprob
-and the top alternatives are computed on the device with the draw and come back with the
-tokens, in the same copy's wait.
+Rows that ask for logprobs or margins go ahead too: their figures (the chosen token's
+logprob and the top alternatives; the top-2 gap and each draw's interval) are computed on
+the device with the draw and come back with the tokens, in the same copy's wait.
 
 A sequence counts its tokens in flight (`Sequence.pending`), so the planner sees its
 length as it will be. One that N's token ends (an end token, a stop string) has already
 run its row of N+1: that row is wasted and its token dropped, as vLLM does (one that
 ends by its length is known to, and is left out of N+1). Rows whose sampling needs the
 last token on the host (a grammar's mask, penalties: `Sequence.needs_last_token`) sample
-after N's tokens are read, with N+1's model already queued; a step that samples a row
-reading its margins back (the comparator's, not `Sequence.sample_ahead`) reads N's
-tokens before it runs.
+after N's tokens are read, with N+1's model already queued.
 """
 
 from __future__ import annotations
@@ -28,21 +26,24 @@ import torch
 
 
 class PendingTokens:
-    def __init__(self, seqs: list, chosen: torch.Tensor, logprobs: tuple | None = None):
+    def __init__(self, seqs: list, chosen: torch.Tensor, figures: dict[str, torch.Tensor] | None = None, **rows):
         """`seqs`: the step's sampling sequences, in the order of `chosen` ([R] token ids
-        on the step's device, still being computed there). `logprobs`: for the rows that
-        ask for them, (their indices in `seqs`, then the tensors `logprob_entries` reads:
-        the chosen token's logprob [W], the top values and ids [W, k])."""
+        on the step's device, still being computed there). `figures`: more of the step's
+        device tensors that come back with the tokens (logprobs, margins, draws), by name;
+        `rows`: what the host knows of them (which rows they are, the uniforms), kept as
+        attributes for whoever reads them."""
         self.seqs = seqs
         self.chosen = chosen.to(torch.long)
-        self.logprob_rows, tensors = (logprobs[0], logprobs[1:]) if logprobs is not None else ([], ())
+        figures = figures or {}
         if self.chosen.device.type == "cuda":
             # Pinned, so the copies do not wait for the host; the event says when they landed.
-            self._host, *self._logprobs = (_to_host(t) for t in (self.chosen, *tensors))
+            self._host = _to_host(self.chosen)
+            self._figures = {name: _to_host(t) for name, t in figures.items()}
             self._landed = torch.cuda.Event()
             self._landed.record()
         else:  # computed already
-            self._host, self._logprobs, self._landed = self.chosen, list(tensors), None
+            self._host, self._figures, self._landed = self.chosen, dict(figures), None
+        self.__dict__.update(rows)
         self.row = {seq: i for i, seq in enumerate(seqs)}  # (a Sequence hashes by identity)
         self.ending: set = set()  # sequences these tokens end whatever they are (the engine says)
         for seq in seqs:
@@ -56,13 +57,9 @@ class PendingTokens:
             seq.pending -= 1
         return self._host.tolist()
 
-    def logprob_entries(self) -> list[tuple[int, list]]:
-        """After `read`: (row in `seqs`, its logprobs entry) for the rows that asked."""
-        if not self.logprob_rows:
-            return []
-        picked, values, ids = (t.tolist() for t in self._logprobs)
-        return [(i, logprob_entry(self.seqs[i].params.logprobs, c, vs, ts))
-                for i, c, vs, ts in zip(self.logprob_rows, picked, values, ids)]
+    def figures(self) -> dict[str, list]:
+        """After `read`: the figures that came back with the tokens, as lists."""
+        return {name: t.tolist() for name, t in self._figures.items()}
 
 
 def logprob_entry(n: int, picked: float, values: list[float], ids: list[int]) -> list:

@@ -105,10 +105,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], uniforms: list[fl
     draws: dict[int, Draw] = {}
     if sampled is not None and any(params[i].return_margins for i in sampled[0]):
         rows, lo, hi, cut = sampled
-        for i, a, b, c in zip(rows, lo.tolist(), hi.tolist(), cut.tolist()):
-            if params[i].return_margins:
-                draws[i] = Draw(uniforms[i], a, b, None if c == float("inf") else c)
+        draws = draws_of(rows, lo.tolist(), hi.tolist(), cut.tolist(), params, uniforms)
     return chosen.tolist(), (margins.cpu() if margins is not None else None), draws
+
+
+def draws_of(rows: list[int], lo: list[float], hi: list[float], cut: list[float], params: list[SamplingParams],
+             uniforms: list[float]) -> dict[int, Draw]:
+    """`pick`'s sampled rows' figures, read back, as the `Draw` of each that asks for margins."""
+    return {i: Draw(uniforms[i], a, b, None if c == float("inf") else c)
+            for i, a, b, c in zip(rows, lo, hi, cut) if params[i].return_margins}
 
 
 # Bytes of one [rows, vocab] float64 tensor of a sampled chunk: the draw holds about ten

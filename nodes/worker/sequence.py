@@ -53,9 +53,6 @@ class Sequence:
     # Tokens sampled on the device and not read back yet (`pending_tokens.py`): counted in
     # its length, so the planner sees it as it will be; never in its output or a hash.
     pending: int = 0
-    # Its sampling reads nothing back (no logprobs or margins): its token may stay on the
-    # device until the next step reads it.
-    sample_ahead: bool = False
     # Its sampling needs its last token on the host first (a grammar's mask, penalties).
     needs_last_token: bool = False
 
