@@ -525,7 +525,7 @@ class LLMEngine:
             if sampled is not None and any(params[i].return_margins for i in sampled[0]):
                 rows["sampled_rows"], figures["lo"], figures["hi"], figures["cut"] = sampled
                 rows["uniforms"] = us
-        launched = PendingTokens(seqs, chosen, figures, **rows)
+        launched = PendingTokens(seqs, chosen, figures, rows)
         # Those the tokens in flight end whatever they are: the next step plans without
         # them (a row, and perhaps a block, for a token that would be dropped).
         launched.ending = {s for s in seqs if len(s.output_token_ids) + s.pending >= s.params.max_tokens
@@ -538,9 +538,9 @@ class LLMEngine:
         pending, self._in_flight = self._in_flight, None
         tokens = pending.read()
         live = [(seq, tok) for seq, tok in zip(pending.seqs, tokens) if seq.status != SeqStatus.FINISHED]
-        self._record_figures(pending)
         for seq, tok in live:  # every token first: a failure below leaves no sequence short of one
             seq.output_token_ids.append(tok)
+        self._record_figures(pending)
         self.stats.generated_tokens += len(live)
         finished = []
         for seq, tok in live:
@@ -552,15 +552,14 @@ class LLMEngine:
     def _record_figures(self, pending: PendingTokens) -> None:
         """The logprobs, margins and draws that came back with tokens in flight, recorded
         by the sequences still running, as `_sample` records them."""
-        got = pending.figures()
-        seqs = pending.seqs
+        got, rows, seqs = pending.figures(), pending.rows, pending.seqs
         if "lp_picked" in got:
-            for i, c, vs, ts in zip(pending.logprob_rows, got["lp_picked"], got["lp_values"], got["lp_ids"]):
+            for i, c, vs, ts in zip(rows["logprob_rows"], got["lp_picked"], got["lp_values"], got["lp_ids"]):
                 if seqs[i].status != SeqStatus.FINISHED:
                     seqs[i].logprobs.append(logprob_entry(seqs[i].params.logprobs, c, vs, ts))
         if "margins" in got:
-            draws = (draws_of(pending.sampled_rows, got["lo"], got["hi"], got["cut"], [s.params for s in seqs],
-                              pending.uniforms) if "lo" in got else {})
+            draws = (draws_of(rows["sampled_rows"], got["lo"], got["hi"], got["cut"], [s.params for s in seqs],
+                              rows["uniforms"]) if "lo" in got else {})
             for i, (seq, margin) in enumerate(zip(seqs, got["margins"])):
                 if seq.status != SeqStatus.FINISHED and seq.params.return_margins:
                     seq.margins.append(margin)

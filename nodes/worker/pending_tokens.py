@@ -26,12 +26,13 @@ import torch
 
 
 class PendingTokens:
-    def __init__(self, seqs: list, chosen: torch.Tensor, figures: dict[str, torch.Tensor] | None = None, **rows):
+    def __init__(self, seqs: list, chosen: torch.Tensor, figures: dict[str, torch.Tensor] | None = None,
+                 rows: dict | None = None):
         """`seqs`: the step's sampling sequences, in the order of `chosen` ([R] token ids
         on the step's device, still being computed there). `figures`: more of the step's
         device tensors that come back with the tokens (logprobs, margins, draws), by name;
-        `rows`: what the host knows of them (which rows they are, the uniforms), kept as
-        attributes for whoever reads them."""
+        `rows`: what the host knows of them (which rows they are, the uniforms), by name,
+        for whoever reads them."""
         self.seqs = seqs
         self.chosen = chosen.to(torch.long)
         figures = figures or {}
@@ -43,7 +44,7 @@ class PendingTokens:
             self._landed.record()
         else:  # computed already
             self._host, self._figures, self._landed = self.chosen, dict(figures), None
-        self.__dict__.update(rows)
+        self.rows = rows or {}
         self.row = {seq: i for i, seq in enumerate(seqs)}  # (a Sequence hashes by identity)
         self.ending: set = set()  # sequences these tokens end whatever they are (the engine says)
         for seq in seqs:

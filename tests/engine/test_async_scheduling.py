@@ -63,8 +63,9 @@ def test_async_steps_give_the_outputs_of_steps_in_order(tiny_model):
     params = with_early_stops(tiny_model, prompts, params)
     ref = engine(tiny_model, False).generate(prompts, params)
     eng = engine(tiny_model, True)
-    got = eng.generate(prompts, without_margins(params))
+    got = eng.generate(prompts, params)
     assert_same(ref, got)
+    assert all(len(o.margins) == len(o.token_ids) for o in got)  # a dropped token's figures dropped with it
     assert sum(o.finish_reason == "stop" for o in ref) >= 10  # the early stops happened
     assert eng.stats.steps_ahead >= 20, eng.stats  # and most steps went ahead
     assert eng.stats.generated_tokens == sum(len(o.token_ids) for o in got)  # dropped rows are not counted
@@ -82,8 +83,9 @@ def test_async_steps_under_preemption_and_offload(tiny_model):
         preempted_in_flight = []
         preempt = eng._preempt
         eng._preempt = lambda seq: (preempted_in_flight.append(seq.pending), preempt(seq))
-        got = eng.generate(prompts, without_margins(params))
+        got = eng.generate(prompts, params)
         assert_same(ref, got)
+        assert all(len(o.margins) == len(o.token_ids) for o in got)
         assert eng.stats.preemptions >= 3 and eng.stats.steps_ahead >= 10, eng.stats
         assert any(preempted_in_flight), "no sequence was preempted with its token in flight"
         assert (eng.stats.offloads > 0) == bool(offload)
@@ -96,7 +98,8 @@ def test_rows_reading_figures_back_go_ahead_and_record_what_steps_in_order_recor
     and record exactly what steps in order record (nothing stops early here, so both run
     the same batches)."""
     prompts, params = workload(seed=2, n=24)
-    params = [dataclasses.replace(p, logprobs=i % 3 * 2, max_tokens=min(p.max_tokens, 24), return_margins=i % 2 == 0)
+    # (margins asked by half the sampled rows and half the greedy ones: draws and margins part)
+    params = [dataclasses.replace(p, logprobs=i % 3 * 2, max_tokens=min(p.max_tokens, 24), return_margins=i % 4 < 2)
               for i, p in enumerate(params)]
     params[8] = dataclasses.replace(params[8], repetition_penalty=1.3, max_tokens=12)
     ref = engine(tiny_model, False).generate(prompts, params)
@@ -107,7 +110,9 @@ def test_rows_reading_figures_back_go_ahead_and_record_what_steps_in_order_recor
     assert [(o.margins, o.draws) for o in got] == [(o.margins, o.draws) for o in ref]
     assert all(len(o.logprobs) == len(o.token_ids) for o in got)
     assert {len(o.logprobs[0]["top_logprobs"]) for o in got} == {0, 2, 4}
-    assert all(len(o.margins) == len(o.token_ids) for o in got[::2]) and not any(o.margins for o in got[1::2])
+    asked = [p.return_margins for p in params]
+    assert all(len(o.margins) == len(o.token_ids) for o, a in zip(got, asked) if a)
+    assert not any(o.margins or o.draws for o, a in zip(got, asked) if not a)
     assert sum(len(o.draws) for o in got) > 20  # sampled rows' draws came back too
     assert eng.stats.steps_ahead >= eng.stats.steps // 2, eng.stats
 
@@ -117,7 +122,7 @@ def test_a_sequence_exported_with_its_token_in_flight_resumes_elsewhere(tiny_mod
     params = [dataclasses.replace(p, max_tokens=24, min_tokens=0) for p in params]
     ref = engine(tiny_model, False).generate(prompts, params)
     eng = engine(tiny_model, True)
-    for i, (prompt, p) in enumerate(zip(prompts, without_margins(params))):
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
         eng.add_request(i, prompt_token_ids=prompt, params=p)
     done = {}
     while not (eng._in_flight is not None and 5 in eng.seqs and eng.seqs[5] in eng._in_flight.row
