@@ -25,7 +25,7 @@ from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
 from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry, logprob_tensors
-from shoal.nodes.worker.sampler import draws_of, pick, sample, uniform
+from shoal.nodes.worker.sampler import draws_of, pick, uniform
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.step_clock import StepClock
@@ -550,8 +550,8 @@ class LLMEngine:
         return finished
 
     def _record_figures(self, pending: PendingTokens) -> None:
-        """The logprobs, margins and draws that came back with tokens in flight, recorded
-        by the sequences still running, as `_sample` records them."""
+        """The logprobs, margins and draws that came back with a step's tokens, recorded by
+        the sequences still running."""
         got, rows, seqs = pending.figures(), pending.rows, pending.seqs
         if "lp_picked" in got:
             for i, c, vs, ts in zip(rows["logprob_rows"], got["lp_picked"], got["lp_values"], got["lp_ids"]):
@@ -568,6 +568,8 @@ class LLMEngine:
 
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> list[RequestOutput]:
+        """A step in order: its tokens sampled and read back at once, by the async path's
+        own launch and read (one path records tokens, logprobs, margins and draws)."""
         if not seqs:
             return []
         if self.on_logits is not None:
@@ -575,31 +577,12 @@ class LLMEngine:
             # graph's output, overwritten by its next replay.
             as_float = logits.float()
             self.on_logits([s.seq_id for s in seqs], as_float.clone() if as_float is logits else as_float)
-        self._apply_masks(seqs, logits, masks)
-        want_lp = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        log_probs = lp.log_probs(logits, want_lp) if want_lp else None
-        self._process_logits(seqs, logits)
-        params = [s.params for s in seqs]
-        # A greedy row draws nothing: its uniform is never read.
-        us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids))
-              for s in seqs]
-        ops = self.runner.ops
-        tokens, margins, draws = sample(logits, params, us, ops.row_top2 if ops is not None else None)
-        if log_probs is not None:
-            self._record_logprobs([seqs[i] for i in want_lp], [tokens[i] for i in want_lp], log_probs)
-        finished = []
-        self.stats.generated_tokens += len(seqs)
-        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
-            seq.output_token_ids.append(tok)
-            if margins is not None and seq.params.return_margins:
-                seq.margins.append(float(margins[i]))
-                if i in draws:
-                    seq.draws.append(draws[i].to_list())
-            reason = self._finish_reason(seq, tok)
-            if reason:
-                finished.append(self._finish(seq, reason))
-            elif self.park_at:
-                self._park_if_asked(seq)
+        self._in_flight = self._sample_ahead(seqs, logits, masks)
+        finished = self._read_in_flight()
+        if self.park_at:
+            for seq in seqs:
+                if seq.status != SeqStatus.FINISHED:
+                    self._park_if_asked(seq)
         return finished
 
     def _process_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
@@ -613,13 +596,6 @@ class LLMEngine:
 
     def _end_ids(self, p: SamplingParams) -> list[int]:
         return list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_cfg.eos_token_ids))
-
-    def _record_logprobs(self, seqs: list[Sequence], tokens: list[int], log_probs: torch.Tensor) -> None:
-        """Each row's sampled token's logprob and its top alternatives, read back once."""
-        k = max(s.params.logprobs for s in seqs)
-        picked, values, ids = (t.tolist() for t in logprob_tensors(log_probs, to_device(tokens, log_probs.device), k))
-        for seq, c, vs, ts in zip(seqs, picked, values, ids):
-            seq.logprobs.append(logprob_entry(seq.params.logprobs, c, vs, ts))
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
