@@ -24,8 +24,9 @@ from shoal.nodes.worker.host_kv_pool import HostKVPool
 from shoal.nodes.worker.kv_blob import decode_kv, encode_kv
 from shoal.nodes.worker.model_runner import ModelRunner
 from shoal.nodes.worker.models.row_buckets import rows_pad_free
-from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry, logprob_tensors
-from shoal.nodes.worker.sampler import draws_of, pick, uniform
+from shoal.nodes.worker.pending_tokens import PendingTokens, logprob_entry
+from shoal.nodes.worker.sampler import draws_of
+from shoal.nodes.worker.sampling_launch import launch_sampling
 from shoal.nodes.worker.sequence import SeqStatus, Sequence
 from shoal.nodes.worker.step_buffers import keep_step_buffers
 from shoal.nodes.worker.step_clock import StepClock
@@ -505,27 +506,8 @@ class LLMEngine:
         """Samples on the logits' device and reads nothing back: the next step reads the
         tokens (`_read_in_flight`). Each draw's position counts the tokens in flight."""
         self._apply_masks(seqs, logits, masks)
-        want_lp = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        log_probs = lp.log_probs(logits, want_lp) if want_lp else None  # (before bias and penalties, as `_sample`)
-        self._process_logits(seqs, logits)
-        us = [0.0 if s.params.greedy else uniform(s.params.seed, s.key, s.op_index, len(s.output_token_ids) + s.pending)
-              for s in seqs]
         ops = self.runner.ops
-        params = [s.params for s in seqs]
-        chosen, margins, sampled = pick(logits, params, us, ops.row_top2 if ops is not None else None)
-        # What the rows asked to read besides their tokens comes back with them.
-        figures, rows = {}, {}
-        if log_probs is not None:
-            k = max(seqs[i].params.logprobs for i in want_lp)
-            figures["lp_picked"], figures["lp_values"], figures["lp_ids"] = logprob_tensors(
-                log_probs, chosen[to_device(want_lp, chosen.device)], k)
-            rows["logprob_rows"] = want_lp
-        if margins is not None:
-            figures["margins"] = margins
-            if sampled is not None and any(params[i].return_margins for i in sampled[0]):
-                rows["sampled_rows"], figures["lo"], figures["hi"], figures["cut"] = sampled
-                rows["uniforms"] = us
-        launched = PendingTokens(seqs, chosen, figures, rows)
+        launched = launch_sampling(seqs, logits, ops.row_top2 if ops is not None else None, self._end_ids)
         # Those the tokens in flight end whatever they are: the next step plans without
         # them (a row, and perhaps a block, for a token that would be dropped).
         launched.ending = {s for s in seqs if len(s.output_token_ids) + s.pending >= s.params.max_tokens
@@ -584,15 +566,6 @@ class LLMEngine:
                 if seq.status != SeqStatus.FINISHED:
                     self._park_if_asked(seq)
         return finished
-
-    def _process_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Logit bias, min_tokens and penalties, on the rows that ask for them."""
-        biased = [i for i, s in enumerate(seqs) if s.params.logit_bias]
-        lp.apply_logit_bias(logits, biased, [seqs[i].params.logit_bias for i in biased])
-        short = [i for i, s in enumerate(seqs) if len(s.output_token_ids) + s.pending < s.params.min_tokens]
-        lp.mask_ends(logits, short, [self._end_ids(seqs[i].params) for i in short])
-        penalized = [i for i, s in enumerate(seqs) if s.params.penalized]
-        lp.apply_penalties(logits, penalized, [seqs[i] for i in penalized])
 
     def _end_ids(self, p: SamplingParams) -> list[int]:
         return list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_cfg.eos_token_ids))

@@ -51,41 +51,65 @@ def gpu_kv_cache_bytes(total: int, free: int, step_peak: int, utilization: float
     return size, why
 
 
+def worst_case_step(runner, rows: int, per: int):
+    """Runs one step of `rows` sequences of `per` prompt tokens each (blocks 0.. of the
+    runner's cache in order), each sampling once and asking for everything sampling can do
+    at once (a grammar's mask, logprobs with the most alternatives, logit bias,
+    min_tokens, all three penalties, margins and draws), through the engine's own
+    sampling launch. Returns the tokens in flight, read. Any device: the CPU tests run it."""
+    import numpy as np
+    import torch
+
+    from shoal.nodes.worker import logits_processing as lp
+    from shoal.nodes.worker.sampling_launch import launch_sampling
+    from shoal.nodes.worker.sequence import Sequence
+    from shoal.sampling import MAX_LOGPROBS, SamplingParams
+
+    params = SamplingParams(max_tokens=2, min_tokens=1, temperature=1.0, top_p=0.9, top_k=50, seed=0,
+                            stop_token_ids=(0,), logit_bias=((0, 1.0),), presence_penalty=0.5, frequency_penalty=0.5,
+                            repetition_penalty=1.1, logprobs=MAX_LOGPROBS, return_margins=True)
+    per_seq = -(-per // runner.cache.block_size)
+    seqs = []
+    for i in range(rows):
+        seq = Sequence(("profile", i), [0] * per, params)
+        seq.block_table = list(range(i * per_seq, (i + 1) * per_seq))
+        seqs.append(seq)
+    with torch.inference_mode():  # as the engine steps: the logits are edited in place
+        logits, _ = runner.run([(seq, per) for seq in seqs], [True] * rows)
+        vocab = logits.shape[1]
+        lp.apply_bitmask(logits, list(range(rows)), np.full((rows, -(-vocab // 32)), -1, dtype=np.int32))
+        ops = runner.ops
+        pending = launch_sampling(seqs, logits, ops.row_top2 if ops is not None else None,
+                                  lambda p: list(p.stop_token_ids))
+        pending.read()
+    return pending
+
+
 def profile_step(model, kv_dtype, ops, tokens: int, rows: int, block_size: int) -> int:
     """Bytes a step of `tokens` prompt tokens with `rows` sampled rows allocates beyond
-    what the device holds before it (its activations, logits and the sampler's
-    temporaries), measured by running one on a small cache of its own."""
+    what the device holds before it (its activations, logits and its sampling's
+    temporaries): `worst_case_step`'s peak on a small cache of its own, so a job that
+    asks for all of sampling's figures at once fits what the sizing left."""
     import torch
 
     from shoal.nodes.worker.kv_cache import KVCache
     from shoal.nodes.worker.model_runner import ModelRunner
-    from shoal.nodes.worker.sampler import sample
-    from shoal.nodes.worker.sequence import Sequence
-    from shoal.sampling import SamplingParams
 
     device = model.embed.weight.device
     rows = max(1, min(rows, tokens))
     per = -(-tokens // rows)  # `rows` sequences sharing the step's tokens, each sampling once
-    blocks = rows * -(-per // block_size)
-    cache = KVCache(model.cfg, blocks, block_size, kv_dtype, device=device)
+    cache = KVCache(model.cfg, rows * -(-per // block_size), block_size, kv_dtype, device=device)
+    runner = ModelRunner(model, cache, ops)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)  # after its own small cache: that is not a step's
-    runner = ModelRunner(model, cache, ops)
-    seqs = []
-    for i in range(rows):
-        seq = Sequence(("profile", i), [0] * per, SamplingParams())
-        seq.block_table = list(range(i * -(-per // block_size), (i + 1) * -(-per // block_size)))
-        seqs.append((seq, per))
-    logits, _ = runner.run(seqs, [True] * rows)
-    params = [SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=0)] * rows
-    sample(logits, params, [0.5] * rows)
+    worst_case_step(runner, rows, per)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before
-    del cache, runner, logits
+    del cache, runner
     torch.cuda.empty_cache()
-    log.info("[kv-cache] a step of %d tokens and %d sampled rows takes %.2f GiB beyond the weights", tokens, rows,
-             peak / 2**30)
+    log.info("[kv-cache] a step of %d tokens and %d sampled rows, asking for every figure, takes %.2f GiB "
+             "beyond the weights", tokens, rows, peak / 2**30)
     return peak
 
 

@@ -204,6 +204,32 @@ def test_sampling_on_a_device_takes_no_host_tensor():
     assert not mode.offenders, f"ops given host tensors beside device ones: {sorted(set(mode.offenders))}"
 
 
+def test_a_launch_asking_every_figure_on_a_device_takes_no_host_tensor():
+    """The engine's whole sampling launch (`sampling_launch.py`) for rows asking for
+    everything at once, as the KV sizing's profiled step runs it: a grammar's mask, logit
+    bias, min_tokens, the three penalties, logprobs and margins, greedy and sampled rows."""
+    import numpy as np
+
+    from shoal.nodes.worker import logits_processing as lp
+    from shoal.nodes.worker.sampling_launch import launch_sampling
+    from shoal.nodes.worker.sequence import Sequence
+    from shoal.sampling import SamplingParams
+
+    every = dict(min_tokens=2, stop_token_ids=(7,), logit_bias={3: 1.5}, presence_penalty=0.5, frequency_penalty=0.2,
+                 repetition_penalty=1.2, logprobs=4, return_margins=True)
+    seqs = [Sequence(0, [1, 2, 3], SamplingParams(**every)),
+            Sequence(1, [4, 5], SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=3, **every))]
+    seqs[1].output_token_ids = [9, 9, 11]
+    logits = torch.empty(2, 300, device="meta")
+    mode = RejectMixedDevices("meta")
+    with mode:
+        lp.apply_bitmask(logits, [0, 1], np.full((2, 10), -1, dtype=np.int32))
+        launched = launch_sampling(seqs, logits, None, lambda p: list(p.stop_token_ids))
+    assert launched.chosen.device.type == "meta" and launched.rows["logprob_rows"] == [0, 1]
+    assert launched.rows["sampled_rows"] == [1] and set(launched._figures) >= {"lp_values", "margins", "lo"}
+    assert not mode.offenders, f"ops given host tensors beside device ones: {sorted(set(mode.offenders))}"
+
+
 def test_backend_choice_follows_the_device():
     cpu, meta = torch.device("cpu"), torch.device("meta")
     assert choose_ops("torch", meta, 16)[0].name == "torch"
