@@ -29,6 +29,15 @@ def test_embeddings_match_sentence_transformers(minilm, monkeypatch):
     assert torch.allclose(ours.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-5)  # Normalize is in modules.json
 
 
+def test_a_micro_batch_is_padded_after_each_text():
+    from shoal.nodes.worker.models.encoder import padded_ids
+
+    ids, mask = padded_ids([[5, 6, 7], [], [8], [9, 10, 11, 12]])
+    assert ids.tolist() == [[5, 6, 7, 0], [0, 0, 0, 0], [8, 0, 0, 0], [9, 10, 11, 12]]
+    assert mask.sum(1).tolist() == [3, 0, 1, 4] and mask.dtype == torch.bool and ids.dtype == torch.long
+    assert mask[:, 0].tolist() == [True, False, True, True] and not mask[2, 1:].any()
+
+
 def test_an_embedding_does_not_depend_on_its_batch(minilm):
     enc = Encoder(minilm)
     together = enc.encode(TEXTS)

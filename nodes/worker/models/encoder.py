@@ -12,14 +12,27 @@ does not depend on what it was batched with beyond rounding.
 from __future__ import annotations
 
 import math
+from itertools import chain
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from shoal.nodes.worker.device_copy import host_to_device
 from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
 from shoal.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
+
+
+def padded_ids(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, longest] token ids (0 past a text's end) and the mask of real tokens, filled
+    in one vectorized assignment: a tensor per text costs ~13 µs of host time, 3.4 ms
+    for 256 texts, longer than a GPU takes to encode them."""
+    lens = np.fromiter(map(len, batch), dtype=np.int64, count=len(batch))
+    mask = np.arange(int(lens.max()))[None, :] < lens[:, None]
+    ids = np.zeros(mask.shape, dtype=np.int64)
+    ids[mask] = np.fromiter(chain.from_iterable(batch), dtype=np.int64, count=int(lens.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 class Encoder:
@@ -72,12 +85,8 @@ class Encoder:
     @torch.inference_mode()
     def _encode_ids(self, batch: list[list[int]]) -> torch.Tensor:
         cfg, w = self.config, self.w
-        n = max(map(len, batch))
-        ids = torch.zeros(len(batch), n, dtype=torch.long)
-        mask = torch.zeros(len(batch), n, dtype=torch.bool)
-        for i, row in enumerate(batch):
-            ids[i, : len(row)] = torch.tensor(row)
-            mask[i, : len(row)] = True
+        ids, mask = padded_ids(batch)
+        n = ids.shape[1]
         ids, mask = host_to_device(ids, self.device), host_to_device(mask, self.device)
         x = (w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:n]
              + w["embeddings.token_type_embeddings.weight"][0])
