@@ -70,9 +70,18 @@ def pack(partitions: list[tuple[str, int]], b_min: int, n_max: int) -> list[Supe
 
 
 # Padded tokens per encoder micro-batch. On this project's 2-core CPU a MiniLM batch of
-# 2048 tokens ran 25% faster than 8192 (activations that fit in cache); measure with
-# scripts/bench_embed.py before changing it for a GPU.
+# 2048 tokens ran 25% faster than 8192 (activations that fit in cache).
 DEFAULT_TOKEN_BUDGET = 2048
+# On a GPU a micro-batch of 2048 tokens is launch-bound: MiniLM's ~90 kernels take about
+# 0.5 ms to launch from Python, while an H100 computes its 90 GFLOP in about 0.2 ms; at
+# 16,384 tokens the compute (~1.5 ms) hides the launches and a SuperBatch reads its
+# vectors back a few times, not a hundred. Not yet measured on a GPU: the device check
+# (scripts/gpu_check.py, w2) times both budgets.
+GPU_TOKEN_BUDGET = 16384
+
+
+def default_token_budget(on_gpu: bool) -> int:
+    return GPU_TOKEN_BUDGET if on_gpu else DEFAULT_TOKEN_BUDGET
 
 
 def micro_batches(sorted_lengths: list[int], token_budget: int) -> list[range]:

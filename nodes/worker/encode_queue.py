@@ -20,7 +20,7 @@ import numpy as np
 
 from shoal.scheduler.embed_prediction import EncoderCost
 from shoal.scheduler.encode_planner import plan_encode
-from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
+from shoal.scheduler.superbatch import micro_batches
 
 REFIT_CALLS = 64  # the encoder's terms are refitted to this many recent calls
 REFIT_MIN = 8
@@ -36,8 +36,9 @@ class _Request:
 
 
 class EncodeQueue:
-    def __init__(self, encoder, engine=None, cost: dict | None = None, token_budget: int = DEFAULT_TOKEN_BUDGET):
-        self.encoder, self.engine, self.token_budget = encoder, engine, token_budget
+    def __init__(self, encoder, engine=None, cost: dict | None = None, token_budget: int | None = None):
+        self.encoder, self.engine = encoder, engine
+        self.token_budget = token_budget or encoder.token_budget
         self.cost = EncoderCost(cost["a"], cost["c"], 0.0) if cost else None
         self._calls: list[tuple[int, int, float]] = []  # (micro-batches, padded tokens, seconds), recent
         self._queue: list[_Request] = []

@@ -1,10 +1,11 @@
 """Calibrating the encoder's terms of the cost model on this worker's device.
 
-A micro-batch of b texts padded to L tokens is timed over a grid of (b, L), on token
-ids of its own (random ids from the encoder's vocabulary, never a job's texts), and
+A micro-batch of b texts padded to L tokens is timed over a grid of (b, L) up to the
+encoder's token budget (2,048 tokens on a CPU, 16,384 on a GPU: `grid`), on token ids
+of its own (random ids from the encoder's vocabulary, never a job's texts), and
 `t = a + c·b·L` is fitted by least squares. The fit is cached per (encoder
-fingerprint, dtype, device) like the decoder's calibration, and published with the
-worker's membership so a client can predict a job before it runs.
+fingerprint, dtype, device, budget) like the decoder's calibration, and published with
+the worker's membership, budget included, so a client can predict a job before it runs.
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET
 
 log = logging.getLogger(__name__)
 
-GRID = [(b, n) for n in (16, 48, 128) for b in (1, 8, 32) if b * n <= DEFAULT_TOKEN_BUDGET]
 VERSION = 2
+
+
+def grid(token_budget: int) -> list[tuple[int, int]]:
+    """(texts, padded length) of the timed micro-batches: up to the budget. Past the CPU's
+    budget, batches of 16 to 128 texts: a GPU's time is flat at first, and the fit has to
+    see where it starts to grow."""
+    counts = (1, 8, 32) if token_budget <= DEFAULT_TOKEN_BUDGET else (1, 16, 64, 128)
+    return [(b, n) for n in (16, 48, 128) for b in counts if b * n <= token_budget]
 
 
 def cache_path(encoder, root: Path | None = None) -> Path:
     dtype = str(encoder.w["embeddings.word_embeddings.weight"].dtype).removeprefix("torch.")
-    key = f"encoder-{encoder.fingerprint}-{dtype}-{device_name(str(encoder.device))}-v{VERSION}"
+    budget = "" if encoder.token_budget == DEFAULT_TOKEN_BUDGET else f"-b{encoder.token_budget}"
+    key = f"encoder-{encoder.fingerprint}-{dtype}-{device_name(str(encoder.device))}{budget}-v{VERSION}"
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
     return (root or state_dir()) / "calibration" / f"{safe}.json"
 
@@ -42,7 +51,7 @@ def calibrate(encoder, repeats: int = 3, seed: int = 0) -> dict:
     r = random.Random(seed)
     xs, ys = [], []
     encoder.encode_ids([[r.randrange(1000, vocab) for _ in range(32)]] * 4)  # warm up
-    for b, n in GRID:
+    for b, n in grid(encoder.token_budget):
         batch = [[r.randrange(1000, vocab) for _ in range(n)] for _ in range(b)]
         times = []
         for _ in range(repeats):
@@ -52,14 +61,15 @@ def calibrate(encoder, repeats: int = 3, seed: int = 0) -> dict:
         xs.append(b * n)
         ys.append(statistics.median(times))
     (a, c), r2 = fit_polynomial(xs, ys, 1)
-    return {"a": max(a, 0.0), "c": c, "r2": r2, "device": device_name(str(encoder.device)), "threads": torch.get_num_threads()}
+    return {"a": max(a, 0.0), "c": c, "r2": r2, "device": device_name(str(encoder.device)),
+            "threads": torch.get_num_threads(), "token_budget": encoder.token_budget}
 
 
 def load_or_calibrate(encoder, root: Path | None = None) -> dict:
     path = cache_path(encoder, root)
     if path.exists():
         try:
-            return json.loads(path.read_text())
+            return {**json.loads(path.read_text()), "token_budget": encoder.token_budget}  # (a cache from before it was kept)
         except ValueError:
             log.warning("[calibrate] encoder calibration cache %s is unreadable; measuring again", path)
     t = time.perf_counter()

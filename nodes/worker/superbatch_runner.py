@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shoal.protocol.arrow_table import table_to_ipc
-from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
+from shoal.scheduler.superbatch import micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,11 @@ class SuperBatchWork:
 
 
 class SuperBatchRunner:
-    def __init__(self, encoder, fetch, token_budget: int = DEFAULT_TOKEN_BUDGET, counters=None):
+    def __init__(self, encoder, fetch, token_budget: int | None = None, counters=None):
         """`fetch(job_id, slices)` -> [(id, text), ...] in slice order (retries inside),
         or None when the read was abandoned (the node is stopping)."""
-        self.encoder, self.fetch, self.token_budget = encoder, fetch, token_budget
+        self.encoder, self.fetch = encoder, fetch
+        self.token_budget = token_budget or encoder.token_budget
         self.counters = counters if counters is not None else collections.Counter()
         self.assigned: queue.Queue = queue.Queue()
         self.ready: collections.deque = collections.deque()

@@ -68,6 +68,8 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                     "embedding jobs' SuperBatches with it")
     ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="the encoder's compute dtype (vectors are stored as the job asks)")
+    ap.add_argument("--encoder-token-budget", type=int, default=None,
+                    help="padded tokens per encoder micro-batch (default: 2048 on a CPU, 16384 on a GPU)")
     ap.add_argument("--kv-cache-bytes", type=int, default=None,
                     help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse); default: "
                          "--kv-cache-share of the memory available once the model has loaded. Its first 4 GiB are "
@@ -171,5 +173,6 @@ def load_encoder(args):
     device = choose_device(args.device)
     choice = choose_encoder_dtype(args.encoder_dtype, args.encoder, on_gpu=device.is_gpu)
     logging.getLogger(__name__).info("[dtype] encoder %s on %s: %s", choice.name, device.name, choice.reason)
-    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name), device=device.name)
+    encoder = Encoder(args.encoder, dtype=getattr(torch, choice.name), device=device.name,
+                      token_budget=getattr(args, "encoder_token_budget", None))
     return encoder, load_or_calibrate(encoder)

@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
     e.add_argument("--encoder-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="compute dtype of the local cluster's workers (auto: the encoder checkpoint's where "
                         "this device computes it natively, else float32)")
+    e.add_argument("--encoder-token-budget", type=int, default=None,
+                   help="padded tokens per encoder micro-batch of the local cluster's workers "
+                        "(default: 2048 on a CPU, 16384 on a GPU)")
     add_device_arg(e)
     e.add_argument("--workers", type=int, default=1, help="workers of the local cluster (without --router)")
     e.add_argument("--threads", type=int, default=None, help="torch threads per local worker")
@@ -58,6 +61,8 @@ def cmd_embed(args) -> int:
 
     info = describe_encoder(args.encoder)
     worker_args = ["--encoder-dtype", args.encoder_dtype]
+    if args.encoder_token_budget:
+        worker_args += ["--encoder-token-budget", str(args.encoder_token_budget)]
     cluster = nullcontext() if args.router else LocalCluster(encoder=args.encoder, workers=args.workers, device=args.device,
                                                              worker_args=worker_args, worker_threads=args.threads)
     with cluster as local:

@@ -148,8 +148,10 @@ def calibrate_pipeline(client, encoder_folder: str | Path, encoder: dict, terms:
 
 
 def predict_job(client, spec: CorpusSpec, encoder_folder: str | Path, encoder: dict, b_min: int, n_max: int,
-                cache_key: str | None = None, token_budget: int = DEFAULT_TOKEN_BUDGET) -> EmbedPrediction:
+                cache_key: str | None = None, token_budget: int | None = None) -> EmbedPrediction:
+    """`token_budget`: the workers' micro-batch size as they publish it unless given."""
     terms = encoder_cost_terms(client.cluster_info(), encoder["fingerprint"])
+    token_budget = token_budget or terms.get("token_budget", DEFAULT_TOKEN_BUDGET)
     cost = calibrate_pipeline(client, encoder_folder, encoder, terms, cache_key, token_budget)
     lengths = token_lengths(spec, encoder_folder, encoder["max_seq_length"])
     return predict(lengths, b_min, n_max, cost, token_budget)

@@ -38,6 +38,23 @@ def test_a_micro_batch_is_padded_after_each_text():
     assert mask[:, 0].tolist() == [True, False, True, True] and not mask[2, 1:].any()
 
 
+def test_the_micro_batch_budget_is_the_devices_unless_given(minilm):
+    assert Encoder(minilm).token_budget == 2048 and Encoder(minilm, token_budget=512).token_budget == 512
+    with pytest.raises(EncoderError, match="token budget must be a positive number"):
+        Encoder(minilm, token_budget=0)
+
+
+def test_the_calibration_times_micro_batches_up_to_the_budget():
+    from shoal.nodes.worker.encoder_calibration import grid
+
+    # The CPU's grid is what its cached calibrations were measured on.
+    assert grid(2048) == [(b, n) for n in (16, 48, 128) for b in (1, 8, 32) if b * n <= 2048]
+    # A GPU's reaches its budget, from a lone text of 16 tokens.
+    gpu = grid(16384)
+    assert max(b * n for b, n in gpu) == 16384 and min(b * n for b, n in gpu) == 16
+    assert all(b * n <= 16384 for b, n in gpu) and len({b * n for b, n in gpu}) >= 8
+
+
 def test_an_embedding_does_not_depend_on_its_batch(minilm):
     enc = Encoder(minilm)
     together = enc.encode(TEXTS)

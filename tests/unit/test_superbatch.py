@@ -54,3 +54,12 @@ def test_bad_partition_lists_are_refused():
         pack([("a", 1)], 0, 10)
     with pytest.raises(ValueError, match="negative size"):
         pack([("a", -1)], 1, 1)
+
+
+
+def test_a_gpu_cuts_larger_micro_batches():
+    from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, GPU_TOKEN_BUDGET, default_token_budget, micro_batches
+
+    assert default_token_budget(False) == DEFAULT_TOKEN_BUDGET == 2048 and default_token_budget(True) == GPU_TOKEN_BUDGET
+    lengths = [30] * 1000
+    assert len(micro_batches(lengths, DEFAULT_TOKEN_BUDGET)) >= 7 * len(micro_batches(lengths, GPU_TOKEN_BUDGET))

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from shoal.nodes.worker.device_copy import host_to_device
-from shoal.scheduler.superbatch import DEFAULT_TOKEN_BUDGET, micro_batches
+from shoal.scheduler.superbatch import default_token_budget, micro_batches
 from shoal.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
 
 
@@ -36,7 +36,8 @@ def padded_ids(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Encoder:
-    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    def __init__(self, folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 token_budget: int | None = None):
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
 
@@ -46,6 +47,10 @@ class Encoder:
         if not weights.exists():
             raise EncoderError(f"encoder folder {self.folder}: missing model.safetensors")
         self.device = torch.device(device)
+        # Padded tokens per micro-batch: the device's default unless given (`--encoder-token-budget`).
+        self.token_budget = default_token_budget(self.device.type == "cuda") if token_budget is None else token_budget
+        if not isinstance(self.token_budget, int) or self.token_budget < 1:
+            raise EncoderError(f"the encoder's token budget must be a positive number of tokens, not {token_budget}")
         # On a GPU the encoder runs on a stream of its own: its batch's read back then
         # waits for its own kernels only, not for a decode step queued on the default
         # stream (with async scheduling one always is), and the two overlap. Its time per
@@ -115,16 +120,17 @@ class Encoder:
         out = out.float()
         return (F.normalize(out, dim=-1) if cfg.normalize else out).cpu()
 
-    def encode(self, texts: list[str], token_budget: int = DEFAULT_TOKEN_BUDGET) -> torch.Tensor:
+    def encode(self, texts: list[str], token_budget: int | None = None) -> torch.Tensor:
         """Embeddings in input order. Texts are sorted by length and cut into
-        micro-batches of at most `token_budget` padded tokens, then put back in order."""
+        micro-batches of at most `token_budget` padded tokens (the encoder's own unless
+        given), then put back in order."""
         return self.encode_tokenized(self.tokenize(texts), token_budget)
 
-    def encode_tokenized(self, ids: list[list[int]], token_budget: int = DEFAULT_TOKEN_BUDGET) -> torch.Tensor:
+    def encode_tokenized(self, ids: list[list[int]], token_budget: int | None = None) -> torch.Tensor:
         """`encode` of texts already tokenized."""
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = torch.empty(len(ids), self.dim)
-        for chunk in micro_batches([len(ids[i]) for i in order], token_budget):
+        for chunk in micro_batches([len(ids[i]) for i in order], token_budget or self.token_budget):
             rows = order[chunk.start:chunk.stop]
             out[rows] = self.encode_ids([ids[i] for i in rows])
         return out
