@@ -12,6 +12,8 @@ pays nothing, and none reads a value back to the host.
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 import torch
 
@@ -59,12 +61,20 @@ def _padded(token_lists: list[list[int]], pad: int, device) -> torch.Tensor:
     return host_to_device(out, device)
 
 
-def _counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tensor:
-    """[R, V] counts of each row's tokens (the pad id V falls into a dropped column)."""
-    ids = _padded(token_lists, vocab, device)
-    counts = torch.zeros(len(token_lists), vocab + 1, device=device)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=counts.dtype))
-    return counts[:, :vocab]
+def _counts(rows: list[tuple[list[int], ...]], vocab: int, device) -> torch.Tensor:
+    """[R, V] counts of each row's tokens (a row: one or more lists of ids, counted
+    together). The ids go over flat, with their row beside each: padded to the longest
+    row they would take R x longest, and one long context among a thousand short ones
+    would make that hundreds of MB. (fp32 sums of ones are exact in any order.)"""
+    lens = np.fromiter((sum(map(len, parts)) for parts in rows), dtype=np.int64, count=len(rows))
+    total = int(lens.sum())
+    counts = torch.zeros(len(rows), vocab, device=device)
+    if total:
+        flat = np.fromiter(chain.from_iterable(chain.from_iterable(rows)), dtype=np.int64, count=total)
+        row_of = np.repeat(np.arange(len(rows), dtype=np.int64), lens)
+        index = (host_to_device(torch.from_numpy(row_of), device), host_to_device(torch.from_numpy(flat), device))
+        counts.index_put_(index, torch.ones(total, device=device), accumulate=True)
+    return counts
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[int], seqs: list) -> None:
@@ -78,12 +88,12 @@ def apply_penalties(logits: torch.Tensor, rows: list[int], seqs: list) -> None:
     x = logits[idx].float()
     params = [s.params for s in seqs]
     if any(p.presence_penalty or p.frequency_penalty for p in params):
-        counts = _counts([s.output_token_ids for s in seqs], vocab, dev)
+        counts = _counts([(s.output_token_ids,) for s in seqs], vocab, dev)
         freq = to_device([p.frequency_penalty for p in params], dev).unsqueeze(1)
         pres = to_device([p.presence_penalty for p in params], dev).unsqueeze(1)
         x = x - freq * counts - pres * (counts > 0)
     if any(p.repetition_penalty != 1.0 for p in params):
-        seen = _counts([s.prompt_token_ids + s.output_token_ids for s in seqs], vocab, dev) > 0
+        seen = _counts([(s.prompt_token_ids, s.output_token_ids) for s in seqs], vocab, dev) > 0
         r = to_device([p.repetition_penalty for p in params], dev).unsqueeze(1)
         x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
     logits[idx] = x.to(logits.dtype)

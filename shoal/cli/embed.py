@@ -61,7 +61,10 @@ def cmd_embed(args) -> int:
 
     info = describe_encoder(args.encoder)
     worker_args = ["--encoder-dtype", args.encoder_dtype]
-    if args.encoder_token_budget:
+    if args.encoder_token_budget is not None:
+        if args.encoder_token_budget < 128:
+            raise SystemExit(f"shoal embed: --encoder-token-budget must be at least 128 tokens, "
+                             f"not {args.encoder_token_budget}")
         worker_args += ["--encoder-token-budget", str(args.encoder_token_budget)]
     cluster = nullcontext() if args.router else LocalCluster(encoder=args.encoder, workers=args.workers, device=args.device,
                                                              worker_args=worker_args, worker_threads=args.threads)

@@ -152,6 +152,8 @@ def predict_job(client, spec: CorpusSpec, encoder_folder: str | Path, encoder: d
     """`token_budget`: the workers' micro-batch size as they publish it unless given."""
     terms = encoder_cost_terms(client.cluster_info(), encoder["fingerprint"])
     token_budget = token_budget or terms.get("token_budget", DEFAULT_TOKEN_BUDGET)
+    if cache_key:  # the efficiency is measured against predictions cut at this budget, on this device
+        cache_key = f"{cache_key}-{terms.get('device', '')}-b{token_budget}"
     cost = calibrate_pipeline(client, encoder_folder, encoder, terms, cache_key, token_budget)
     lengths = token_lengths(spec, encoder_folder, encoder["max_seq_length"])
     return predict(lengths, b_min, n_max, cost, token_budget)

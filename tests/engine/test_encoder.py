@@ -40,8 +40,9 @@ def test_a_micro_batch_is_padded_after_each_text():
 
 def test_the_micro_batch_budget_is_the_devices_unless_given(minilm):
     assert Encoder(minilm).token_budget == 2048 and Encoder(minilm, token_budget=512).token_budget == 512
-    with pytest.raises(EncoderError, match="token budget must be a positive number"):
-        Encoder(minilm, token_budget=0)
+    for bad in (0, 64):
+        with pytest.raises(EncoderError, match="token budget must be at least 128"):
+            Encoder(minilm, token_budget=bad)
 
 
 def test_the_calibration_times_micro_batches_up_to_the_budget():
@@ -53,6 +54,7 @@ def test_the_calibration_times_micro_batches_up_to_the_budget():
     gpu = grid(16384)
     assert max(b * n for b, n in gpu) == 16384 and min(b * n for b, n in gpu) == 16
     assert all(b * n <= 16384 for b, n in gpu) and len({b * n for b, n in gpu}) >= 8
+    assert len({b * n for b, n in grid(128)}) >= 2  # the least budget an encoder takes: a line can be fitted
 
 
 def test_an_embedding_does_not_depend_on_its_batch(minilm):

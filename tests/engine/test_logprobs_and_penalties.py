@@ -74,6 +74,22 @@ def test_penalties_match_a_plain_python_reference():
         assert torch.allclose(out[i], want, atol=1e-6), i
 
 
+def test_penalties_before_any_output_and_beside_a_long_context():
+    """No row has generated anything yet: presence and frequency change nothing. A row of
+    a long context beside short ones counts each of its tokens (the ids go over flat)."""
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
+    fresh = [Sequence(i, [3], SamplingParams(presence_penalty=1.0, frequency_penalty=1.0)) for i in range(2)]
+    out = logits.clone()
+    apply_penalties(out, [0, 1], fresh)
+    assert torch.equal(out, logits)
+    seqs = [Sequence(0, [5] * 3000 + [6], SamplingParams(frequency_penalty=0.001), output_token_ids=[5] * 2000),
+            Sequence(1, [7], SamplingParams(frequency_penalty=0.5), output_token_ids=[8])]
+    out = logits.clone()
+    apply_penalties(out, [0, 1], seqs)
+    assert out[0, 5].item() == pytest.approx(logits[0, 5].item() - 2.0, abs=1e-5) and out[0, 6] == logits[0, 6]
+    assert out[1, 8].item() == pytest.approx(logits[1, 8].item() - 0.5, abs=1e-6) and out[1, 7] == logits[1, 7]
+
+
 def test_min_tokens_masks_the_end_unless_nothing_else_is_allowed():
     logits = torch.zeros(3, 8)
     logits[2, :] = float("-inf")
