@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 
-def measure(model: str, n: int, steps: int) -> dict:
+def measure(model: str, n: int, steps: int, async_scheduling: bool = False) -> dict:
     import torch
 
     from shoal.nodes.worker.engine import EngineConfig, LLMEngine
     from shoal.sampling import SamplingParams
 
     eng = LLMEngine(model, EngineConfig(device="cpu", dtype="float32", policy="mb", max_num_seqs=max(256, n),
-                                        max_num_batched_tokens=16384))
+                                        max_num_batched_tokens=16384, async_scheduling=async_scheduling))
     g = torch.Generator().manual_seed(0)
     vocab = eng.model_cfg.vocab_size
     for i in range(n):
@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3, help="the best of this many runs is reported")
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="the GPU's path: each step launched before the last one's tokens are read")
     args = ap.parse_args()
     from shoal.nodes.worker.models.make_model import make_model
 
@@ -76,7 +78,7 @@ def main() -> None:
         model = str(Path(tmp) / "tiny")
         make_model(model, preset="tiny", dtype="float32", tokenizer_text_chars=20_000)
         for n in args.sequences:
-            best = min((measure(model, n, args.steps) for _ in range(args.repeats)),
+            best = min((measure(model, n, args.steps, args.async_scheduling) for _ in range(args.repeats)),
                        key=lambda r: r["host_us_per_sequence"])
             print(f"{n} sequences: host {best['host_ms_per_step']:.2f} ms per decode step "
                   f"({best['host_us_per_sequence']:.2f} us per sequence; planning {best['plan_ms_per_step']:.2f} ms), "
