@@ -80,8 +80,30 @@ DEFAULT_TOKEN_BUDGET = 2048
 GPU_TOKEN_BUDGET = 16384
 
 
+# The least budget an encoder takes: its calibration fits a line through micro-batches
+# of 16 to 128 tokens (`encoder_calibration.grid`).
+MIN_TOKEN_BUDGET = 128
+
+
 def default_token_budget(on_gpu: bool) -> int:
     return GPU_TOKEN_BUDGET if on_gpu else DEFAULT_TOKEN_BUDGET
+
+
+def check_token_budget(budget) -> int:
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_TOKEN_BUDGET:
+        raise ValueError(f"the encoder's token budget must be at least {MIN_TOKEN_BUDGET} padded tokens "
+                         f"(its calibration times micro-batches of 16 to 128), not {budget!r}")
+    return budget
+
+
+def token_budget_arg(text: str) -> int:
+    """--encoder-token-budget: refused when the command starts, not once a worker has loaded."""
+    import argparse
+
+    try:
+        return check_token_budget(int(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def micro_batches(sorted_lengths: list[int], token_budget: int) -> list[range]:

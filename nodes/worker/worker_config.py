@@ -13,6 +13,7 @@ from shoal.nodes.worker.device_choice import DEVICE_HELP, GPU_SHARE_ENV, device_
 from shoal.nodes.worker.dtype_choice import DTYPE_NAMES, KV_CACHE_DTYPE_NAMES
 from shoal.nodes.worker.gpu_memory import check_utilization
 from shoal.nodes.worker.kv_cache_size import DEFAULT_SHARE, check_share
+from shoal.scheduler.superbatch import token_budget_arg
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def add_worker_args(ap: argparse.ArgumentParser) -> None:
                     "embedding jobs' SuperBatches with it")
     ap.add_argument("--encoder-dtype", default="auto", choices=list(DTYPE_NAMES),
                     help="the encoder's compute dtype (vectors are stored as the job asks)")
-    ap.add_argument("--encoder-token-budget", type=int, default=None,
+    ap.add_argument("--encoder-token-budget", type=token_budget_arg, default=None,
                     help="padded tokens per encoder micro-batch (default: 2048 on a CPU, 16384 on a GPU)")
     ap.add_argument("--kv-cache-bytes", type=int, default=None,
                     help="memory for the KV cache (its blocks also keep finished prompts for prefix reuse); default: "

@@ -15,6 +15,7 @@ import time
 
 from shoal.nodes.worker.device_choice import add_device_arg
 from shoal.cli.exit_codes import add_allow_failures, finish
+from shoal.scheduler.superbatch import token_budget_arg
 
 
 def add_parser(sub) -> None:
@@ -35,7 +36,7 @@ def add_parser(sub) -> None:
     e.add_argument("--encoder-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="compute dtype of the local cluster's workers (auto: the encoder checkpoint's where "
                         "this device computes it natively, else float32)")
-    e.add_argument("--encoder-token-budget", type=int, default=None,
+    e.add_argument("--encoder-token-budget", type=token_budget_arg, default=None,
                    help="padded tokens per encoder micro-batch of the local cluster's workers "
                         "(default: 2048 on a CPU, 16384 on a GPU)")
     add_device_arg(e)
@@ -62,9 +63,6 @@ def cmd_embed(args) -> int:
     info = describe_encoder(args.encoder)
     worker_args = ["--encoder-dtype", args.encoder_dtype]
     if args.encoder_token_budget is not None:
-        if args.encoder_token_budget < 128:
-            raise SystemExit(f"shoal embed: --encoder-token-budget must be at least 128 tokens, "
-                             f"not {args.encoder_token_budget}")
         worker_args += ["--encoder-token-budget", str(args.encoder_token_budget)]
     cluster = nullcontext() if args.router else LocalCluster(encoder=args.encoder, workers=args.workers, device=args.device,
                                                              worker_args=worker_args, worker_threads=args.threads)

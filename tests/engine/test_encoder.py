@@ -43,6 +43,21 @@ def test_the_micro_batch_budget_is_the_devices_unless_given(minilm):
     for bad in (0, 64):
         with pytest.raises(EncoderError, match="token budget must be at least 128"):
             Encoder(minilm, token_budget=bad)
+    # Refused when the command starts, by the worker and by `shoal embed` alike.
+    import argparse
+
+    from shoal.nodes.worker.worker_config import add_worker_args
+    from shoal.scheduler.superbatch import token_budget_arg
+
+    assert token_budget_arg("4096") == 4096
+    for bad in ("64", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            token_budget_arg(bad)
+    ap = argparse.ArgumentParser()
+    add_worker_args(ap)
+    assert ap.parse_args(["--encoder-token-budget", "4096"]).encoder_token_budget == 4096
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--encoder-token-budget", "64"])
 
 
 def test_the_calibration_times_micro_batches_up_to_the_budget():

@@ -20,11 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from shoal.nodes.worker.device_copy import host_to_device
-from shoal.scheduler.superbatch import default_token_budget, micro_batches
+from shoal.scheduler.superbatch import check_token_budget, default_token_budget, micro_batches
 from shoal.encoder_config import EncoderConfig, EncoderError, encoder_fingerprint  # noqa: F401
-
-
-MIN_TOKEN_BUDGET = 128
 
 
 def padded_ids(batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,10 +48,11 @@ class Encoder:
             raise EncoderError(f"encoder folder {self.folder}: missing model.safetensors")
         self.device = torch.device(device)
         # Padded tokens per micro-batch: the device's default unless given (`--encoder-token-budget`).
-        self.token_budget = default_token_budget(self.device.type == "cuda") if token_budget is None else token_budget
-        if not isinstance(self.token_budget, int) or self.token_budget < MIN_TOKEN_BUDGET:
-            raise EncoderError(f"the encoder's token budget must be at least {MIN_TOKEN_BUDGET} tokens "
-                               f"(its calibration times micro-batches of 16 to 128), not {token_budget}")
+        try:
+            self.token_budget = check_token_budget(
+                default_token_budget(self.device.type == "cuda") if token_budget is None else token_budget)
+        except ValueError as e:
+            raise EncoderError(str(e)) from None
         # On a GPU the encoder runs on a stream of its own: its batch's read back then
         # waits for its own kernels only, not for a decode step queued on the default
         # stream (with async scheduling one always is), and the two overlap. Its time per
