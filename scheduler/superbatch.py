@@ -78,8 +78,6 @@ DEFAULT_TOKEN_BUDGET = 2048
 # vectors back a few times, not a hundred. Not yet measured on a GPU: the device check
 # (scripts/gpu_check.py, w2) times both budgets.
 GPU_TOKEN_BUDGET = 16384
-
-
 # The least budget an encoder takes: its calibration fits a line through micro-batches
 # of 16 to 128 tokens (`encoder_calibration.grid`).
 MIN_TOKEN_BUDGET = 128
