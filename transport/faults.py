@@ -12,7 +12,8 @@ but the handshake is fair game. `stall_after_steps` wedges a worker's step loop 
 watchdog must notice). `park_at` ({"item id": n}) makes a worker set a sequence of
 that item aside once it has sampled n tokens of an operation (0: when it is queued),
 until it leaves the worker: a test moves or kills it at a position of its choosing, not
-of timing's. Faults apply on send, so both requests and replies can
+of timing's. `step_error` makes a worker's model runs raise (`step_faults.py`): a lost
+device, running out of memory, or a bug that one item's sequence triggers. Faults apply on send, so both requests and replies can
 be lost. A reordered message is held back and sent after the next one on its socket.
 """
 
@@ -44,6 +45,7 @@ class FaultPlan:
     types: frozenset | None = None
     stall_after_steps: int | None = None  # a worker's step loop wedges after this many steps
     park_at: dict | None = None  # item id -> tokens after which a worker sets that sequence aside
+    step_error: dict | None = None  # model runs that raise (nodes/worker/step_faults.py)
     rng: random.Random = field(default=None, repr=False)
 
     def __post_init__(self):

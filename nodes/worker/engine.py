@@ -95,6 +95,14 @@ class LLMEngine:
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                                  else self.device.type == "cuda")
         self._in_flight: PendingTokens | None = None  # the last step's tokens, not read yet
+        self._reading: PendingTokens | None = None  # those being read
+        # Finished sequences' outputs, until a step returns them (or, after a step that
+        # failed, `take_finished`): what a failed step had read is not lost with it.
+        self._outbox: list[RequestOutput] = []
+        # At most this many sequences run in a step (None: `max_num_seqs`), set by the
+        # worker's answer to failing steps (`step_failures.py`).
+        self.step_cap: int | None = None
+        self.failed_rows: list = []  # the sequences the last failed step held (`_recover`)
         if self.async_scheduling:
             log.info("[engine] async scheduling: each step is launched before the last one's tokens are read")
         self.stats = EngineStats()
@@ -254,13 +262,28 @@ class LLMEngine:
         seq.status = SeqStatus.FINISHED
 
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting or self._in_flight is not None)
+        return bool(self.running or self.waiting or self._in_flight is not None or self._outbox)
+
+    def take_finished(self) -> list[RequestOutput]:
+        """The outputs of sequences finished and not returned yet."""
+        out, self._outbox = self._outbox, []
+        return out
 
     # -- the step --------------------------------------------------------------------
 
     last_step_work: tuple[int, int] = (0, 0)
 
     def step(self) -> list[RequestOutput]:
+        """One step; returns the outputs of the sequences it finished. A step that raises
+        leaves the engine able to step again: see `_recover`."""
+        try:
+            self._step()
+        except Exception:
+            self._recover()
+            raise
+        return self.take_finished()
+
+    def _step(self) -> None:
         t0 = time.perf_counter()
         plan, cached = self._plan()
         chunks = self._apply(plan, cached)
@@ -271,29 +294,29 @@ class LLMEngine:
         in_flight = self._in_flight
         if not chunks:
             if in_flight is not None:
-                return self._read_in_flight()
+                self._read_in_flight()
+                return
             if self.waiting and not self.running and not plan.preempted:
                 # Nothing runs and nothing can be admitted: looping would spin forever.
                 raise RuntimeError(f"engine stalled: {len(self.waiting)} waiting sequences, none admissible "
                                    f"with {self.blocks.num_free} free KV blocks")
-            return []
+            return
         sample_mask = [seq.num_computed + n == seq.num_tokens for seq, n in chunks]
         sampled = [seq for (seq, _), s in zip(chunks, sample_mask) if s]
         ahead = self.async_scheduling and self.on_logits is None and not self.park_at
         # Rows whose sampling needs the last token (grammars, penalties) sample after the
         # read, which then waits for the last step while this one's model is queued.
         read_first = in_flight is not None and any(seq.needs_last_token for seq in sampled)
-        done = []
         if in_flight is not None and not ahead:
             # This step's sampling needs its sequences' tokens on the host: read them first,
             # and drop the chunks of sequences they ended.
-            done = self._read_in_flight()
+            self._read_in_flight()
             in_flight = None
             if any(seq.status != SeqStatus.RUNNING for seq, _ in chunks):
                 kept = [i for i, (seq, _) in enumerate(chunks) if seq.status == SeqStatus.RUNNING]
                 chunks, sample_mask = [chunks[i] for i in kept], [sample_mask[i] for i in kept]
                 if not chunks:
-                    return done
+                    return
         # The grammar masks of the rows about to sample depend only on tokens already
         # generated: they are filled on another thread while the model runs (after the
         # read, where a token is in flight).
@@ -321,7 +344,7 @@ class LLMEngine:
             else:  # now, while this step runs on the device
                 self.stats.steps_ahead += 1
                 try:
-                    done += self._read_in_flight()
+                    self._read_in_flight()
                 finally:
                     self._in_flight = launched
                     # Blocks filled by this step are hashed once the tokens in them are known.
@@ -335,14 +358,65 @@ class LLMEngine:
                     if sampling:
                         self._in_flight = self._sample_ahead(sampling, logits, self._fill_masks(sampling))
         else:
-            done += self._sample(sampling, logits, masks)
+            self._sample(sampling, logits, masks)
         synced = bool(logit_chunks) and not ahead  # (it read its tokens back)
         for model_s, sample_s, work in self.clock.finish(self.last_step_work, synced=synced):
             self.stats.time_model += model_s
             self.stats.time_sample += sample_s
             self._split_model_time(model_s, *work)
         self.stats.steps += 1
-        return done
+
+    def _recover(self) -> None:
+        """After a step raised, whatever it had done: every running sequence computes its
+        KV again from its tokens, which a failure cannot leave half-written (a token read
+        is appended to every sequence before anything else is done with it, and one still
+        in flight is drawn again at its position: the same token). For the sequences the
+        step touched, a token read without its figures (margins, logprobs) is dropped, to
+        be drawn again, grammar states are rebuilt from the tokens, and one whose last
+        token ended it, unseen, ends. `failed_rows`: the sequences the failed step held
+        (the worker bisects with them)."""
+        self.failed_rows = [s.seq_id for s in self.running] or [s.seq_id for s in self.waiting[:1]]
+        reads = [p for p in (self._in_flight, self._reading) if p is not None]
+        touched = list(self.running) + [seq for p in reads for seq in p.seqs]
+        self._in_flight = self._reading = None
+        for seq in list(self.running):
+            self.running.remove(seq)
+            self.blocks.release(seq.block_table)
+            seq.block_table, seq.num_computed, seq.status = [], 0, SeqStatus.WAITING
+            bisect.insort(self.waiting, seq, key=queue_order)
+        for seq in self.seqs.values():
+            seq.pending = 0
+        for seq in dict.fromkeys(touched):
+            if seq.status != SeqStatus.WAITING or seq.seq_id not in self.seqs:
+                continue  # (finished, or aborted, meanwhile)
+            n = len(seq.output_token_ids)
+            if seq.params.return_margins:
+                n = min(n, len(seq.margins))
+            if seq.params.logprobs is not None:
+                n = min(n, len(seq.logprobs))
+            del seq.output_token_ids[n:]
+            if seq.host_kv is not None and seq.host_kv.shape[2] >= seq.num_tokens:
+                self._forget_host_kv(seq)  # (its KV outran its tokens: it prefills again)
+            if seq.matcher is not None:
+                try:
+                    seq.matcher = self.grammars.matcher(seq.params.constraint, seq.output_token_ids)
+                except Exception:  # (it is left as it was: a later step fails it if it must)
+                    log.exception("[recover] %s: its grammar state could not be rebuilt", seq.seq_id)
+            reason = self._ended_unseen(seq) if seq.output_token_ids else None
+            if reason:
+                self._outbox.append(self._finish(seq, reason))
+
+    def _ended_unseen(self, seq: Sequence) -> str | None:
+        """Why a sequence's tokens already end it, if a failure stopped the read that
+        would have said so."""
+        p, last = seq.params, seq.output_token_ids[-1]
+        if last in self._end_ids(p) or (seq.matcher is not None and seq.matcher.is_stopped()):
+            return "stop"
+        if p.stop and len(seq.output_token_ids) >= p.min_tokens and self._hits_stop_string(seq):
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens or seq.num_known_tokens >= seq.max_total_tokens:
+            return "length"
+        return None
 
     def _split_model_time(self, seconds: float, prefill: int, decoding: int) -> None:
         cm = self.cost_model
@@ -357,7 +431,8 @@ class LLMEngine:
         ending = self._in_flight.ending if self._in_flight is not None else None
         if ending:
             running = [s for s in running if s not in ending]
-        room = min(self.config.max_num_seqs - len(self.running), self.config.max_num_batched_tokens)
+        most = self.config.max_num_seqs if self.step_cap is None else min(self.step_cap, self.config.max_num_seqs)
+        room = min(most - len(self.running), self.config.max_num_batched_tokens)
         waiting, cached = [], {}
         for s in self._admissible(max(0, room)):
             if s.host_kv is not None:  # restored by a copy: its tokens count as computed
@@ -514,27 +589,28 @@ class LLMEngine:
                            or s.num_tokens >= s.max_total_tokens}
         return launched
 
-    def _read_in_flight(self) -> list[RequestOutput]:
+    def _read_in_flight(self) -> None:
         """The last step's tokens, once they are on the host: appended, and the sequences
-        they end finished. A sequence that ended (or was aborted) meanwhile drops its token."""
+        they end finished (their outputs to the outbox). A sequence that ended (or was
+        aborted) meanwhile drops its token."""
         pending, self._in_flight = self._in_flight, None
-        tokens = pending.read()
+        self._reading = pending  # (until the read is done: a failure meanwhile recovers its sequences)
+        tokens, figures = pending.read(), pending.figures()  # (what the device can fail at: first)
         live = [(seq, tok) for seq, tok in zip(pending.seqs, tokens) if seq.status != SeqStatus.FINISHED]
         for seq, tok in live:  # every token first: a failure below leaves no sequence short of one
             seq.output_token_ids.append(tok)
-        self._record_figures(pending)
+        self._record_figures(pending, figures)
         self.stats.generated_tokens += len(live)
-        finished = []
         for seq, tok in live:
             reason = self._finish_reason(seq, tok)
             if reason:
-                finished.append(self._finish(seq, reason))
-        return finished
+                self._outbox.append(self._finish(seq, reason))
+        self._reading = None
 
-    def _record_figures(self, pending: PendingTokens) -> None:
-        """The logprobs, margins and draws that came back with a step's tokens, recorded by
-        the sequences still running."""
-        got, rows, seqs = pending.figures(), pending.rows, pending.seqs
+    def _record_figures(self, pending: PendingTokens, got: dict[str, list]) -> None:
+        """The logprobs, margins and draws that came back with a step's tokens (`got`),
+        recorded by the sequences still running."""
+        rows, seqs = pending.rows, pending.seqs
         if "lp_picked" in got:
             for i, c, vs, ts in zip(rows["logprob_rows"], got["lp_picked"], got["lp_values"], got["lp_ids"]):
                 if seqs[i].status != SeqStatus.FINISHED:
@@ -549,23 +625,22 @@ class LLMEngine:
                         seq.draws.append(draws[i].to_list())
 
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> list[RequestOutput]:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> None:
         """A step in order: its tokens sampled and read back at once, by the async path's
         own launch and read (one path records tokens, logprobs, margins and draws)."""
         if not seqs:
-            return []
+            return
         if self.on_logits is not None:
             # A copy: the logits are edited in place below, and on a GPU they are a decode
             # graph's output, overwritten by its next replay.
             as_float = logits.float()
             self.on_logits([s.seq_id for s in seqs], as_float.clone() if as_float is logits else as_float)
         self._in_flight = self._sample_ahead(seqs, logits, masks)
-        finished = self._read_in_flight()
+        self._read_in_flight()
         if self.park_at:
             for seq in seqs:
                 if seq.status != SeqStatus.FINISHED:
                     self._park_if_asked(seq)
-        return finished
 
     def _end_ids(self, p: SamplingParams) -> list[int]:
         return list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.model_cfg.eos_token_ids))

@@ -77,7 +77,7 @@ class Liveness:
         return not (node.held.any() or superbatches or node.runner.has_work() or node.inbox.qsize()
                     or node.mover.busy or node.writer.busy())
 
-    def _leave(self, exit_code: int = 0) -> None:
+    def leave(self, exit_code: int = 0) -> None:
         if self.node.registration is not None:
             self.node.registration.stop(revoke=True)
         self.node.exit_code = exit_code
@@ -88,11 +88,11 @@ class Liveness:
         while not node._stop.wait(1.0):
             if node.draining and self.drained():
                 log.info("[drain] %s holds nothing: leaving the cluster", node.node_id)
-                self._leave()
+                self.leave()
                 return
             stalled = time.monotonic() - self.last_progress
             if stalled > self.stall_timeout and node._has_work():
                 log.error("[watchdog] no step for %.0f s with work held: revoking the lease and stopping", stalled)
                 node.counters["watchdog.stalls"] += 1
-                self._leave(exit_code=3)
+                self.leave(exit_code=3)
                 return

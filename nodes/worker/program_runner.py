@@ -26,7 +26,9 @@ from collections import Counter
 from shoal.coroutine import Finished, SequenceCoroutine
 from shoal.program import Generate, GenerateResult, ProgramError, Tokenize, resolve_program
 from shoal.protocol.coroutine_state import check_coroutine_state, coroutine_state
+from shoal.protocol.errors import ShoalError
 from shoal.protocol.sequence_state import SequenceState, StateError
+from shoal.nodes.worker.step_failures import FailSequence, Leave, StepFailures
 from shoal.sampling import RequestError
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ def error_record(sid, message: str) -> dict:
     return {"id": sid, "error": message, "finish_reason": "error"}
 
 
+class DeviceLost(ShoalError, RuntimeError):
+    """The device failed in a way no later step recovers from: the worker must leave."""
+
+
 class ProgramRunner:
     def __init__(self, engine, executors: dict | None = None, checkpoint_tokens: int = 0,
                  counters: Counter | None = None):
@@ -92,6 +98,7 @@ class ProgramRunner:
         # A Generate of n > 1 samples: its n engine sequences are (job_id, seq_id, j), their
         # results gathered here until all n are in.
         self.samples: dict[tuple, list] = {}
+        self.step_failures = StepFailures()
 
     def __len__(self) -> int:
         return len(self.coros)
@@ -272,12 +279,22 @@ class ProgramRunner:
         done = []
         stepped = self.engine.has_unfinished()
         if stepped:
-            for o in self.engine.step():
+            failure = None
+            try:
+                outputs = self.engine.step()
+                self.engine.step_cap = self.step_failures.succeeded()
+            except DeviceLost:
+                raise
+            except Exception as e:  # the engine recovered its state; what was read is kept
+                outputs, failure = self.engine.take_finished(), e
+            for o in outputs:
                 if len(o.seq_id) == 3:
                     done += self._sample_done(o)
                     continue
                 self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
                 done += self._resume(o.seq_id, _result(o))
+            if failure is not None:
+                done += self._step_failed(failure)
             if self.checkpoint_tokens:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()
@@ -300,6 +317,26 @@ class ProgramRunner:
                     ex.wait(0.02)
                     break
         return done
+
+    def _step_failed(self, e: Exception) -> list:
+        """An engine step raised: step again with fewer sequences, end the one at fault
+        once it is found, or leave if the device is lost (`step_failures.py`)."""
+        rows = self.engine.failed_rows
+        self.counters["errors.step"] += 1
+        verdict = self.step_failures.failed(rows, e)
+        if isinstance(verdict, Leave):
+            raise DeviceLost(verdict.message) from e
+        # The first failure of a streak with its traceback; the rest in a line each.
+        log.error("[step] failed holding %d sequences: %s: %s; at most %s per step now", len(rows),
+                  type(e).__name__, e, self.step_failures.cap, exc_info=self.step_failures.streak == 1)
+        self.engine.step_cap = self.step_failures.cap
+        if not isinstance(verdict, FailSequence) or verdict.seq_id not in self.engine.seqs:
+            return []
+        sid, key = verdict.seq_id, verdict.seq_id[:2]  # (a sample's id is its program's key and j)
+        self.counters["sequences.failed_by_step"] += 1
+        log.error("[step] %s ended with an error: %s", sid, verdict.message)
+        self.engine.abort(sid)
+        return self._fail(key, f"sequence {key[1]!r}: {verdict.message}")
 
     def describe(self, key: tuple) -> tuple[str, dict, dict]:
         """(program as the job names it, arguments, item) of a resident sequence."""

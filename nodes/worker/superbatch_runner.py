@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from shoal.protocol.arrow_table import table_to_ipc
-from shoal.scheduler.superbatch import micro_batches
+from shoal.nodes.worker.step_failures import out_of_memory
+from shoal.scheduler.superbatch import MIN_TOKEN_BUDGET, micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,15 @@ class SuperBatchRunner:
         work = self.ready[0]
         t = time.perf_counter()
         if work.batches:
-            rows = work.order[work.batches[work.next_batch].start:work.batches[work.next_batch].stop]
-            work.out[rows] = self.encoder.encode_ids([work.tokens[i] for i in rows])
+            batch = work.batches[work.next_batch]
+            rows = work.order[batch.start:batch.stop]
+            try:
+                work.out[rows] = self.encoder.encode_ids([work.tokens[i] for i in rows])
+            except Exception as e:
+                if not out_of_memory(e) or len(rows) == 1:
+                    raise
+                self._split(work, batch, len(rows) * len(work.tokens[rows[-1]]))
+                return []
             work.next_batch += 1
         work.encode_s += time.perf_counter() - t
         if work.next_batch < len(work.batches):
@@ -174,6 +182,20 @@ class SuperBatchRunner:
         blob = vectors_ipc(work)
         work.tokens = work.out = None  # only the table travels on
         return [(work, blob)]
+
+    def _split(self, work: SuperBatchWork, batch: range, padded: int) -> None:
+        """A micro-batch of `padded` tokens ran the device out of memory: it is encoded
+        in two halves, and later micro-batches are planned under half its size (the
+        budget stays there: what the device has room for did not grow)."""
+        half = batch.start + len(batch) // 2
+        work.batches[work.next_batch:work.next_batch + 1] = [range(batch.start, half), range(half, batch.stop)]
+        self.counters["embed.oom_splits"] += 1
+        budget = max(MIN_TOKEN_BUDGET, padded // 2)
+        if budget < self.token_budget:
+            log.warning("[embed] %s: out of device memory at a micro-batch of %d padded tokens: split, and "
+                        "micro-batches of at most %d tokens from now on (--encoder-token-budget sets it at start)",
+                        work.id, padded, budget)
+            self.token_budget = budget
 
     # -- result writer thread ----------------------------------------------------------------
 

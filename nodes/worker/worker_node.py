@@ -44,7 +44,8 @@ from shoal.nodes.worker.inbox import Admit, Drop, Export
 from shoal.nodes.worker.liveness import Liveness
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
-from shoal.nodes.worker.program_runner import ProgramRunner
+from shoal.nodes.worker.program_runner import DeviceLost, ProgramRunner
+from shoal.nodes.worker.step_failures import device_lost
 from shoal.nodes.worker.compute_thread import ComputeThread
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
@@ -87,8 +88,13 @@ class WorkerNode(Node):
             cap["encoder_cost"] = encoder_cost  # its cost terms on this device, for predictions
         plan = fault_plan()
         self._stall_after = plan.stall_after_steps if plan is not None else None
+        self._embed_retry_at = 0.0  # a failed SuperBatch micro-batch is tried again from then
         if plan is not None and plan.park_at:
             engine.park_at = dict(plan.park_at)
+        if plan is not None and plan.step_error:
+            from shoal.nodes.worker.step_faults import inject_step_errors
+
+            inject_step_errors(engine, plan.step_error)
         super().__init__(node_id, model=engine.fingerprint, info=cap, **kw)
         self.runner = ProgramRunner(engine, checkpoint_tokens=config.checkpoint_tokens, counters=self.counters)
         if config.allowed_programs is not None:
@@ -393,15 +399,33 @@ class WorkerNode(Node):
             if not self._has_work():
                 continue
             t = time.perf_counter()
+            # Embedding and generation fail apart: a SuperBatch that fails (and waits half a
+            # second before it is tried again) does not stop generation, nor the reverse.
+            embedding = (self.superbatches is not None and self.superbatches.has_work()
+                         and time.monotonic() >= self._embed_retry_at)
+            if not embedding and not self.runner.has_work():
+                time.sleep(0.01)  # (a SuperBatch waits to be tried again, and nothing else is here)
+                continue
             try:
-                embedding = self.superbatches is not None and self.superbatches.has_work()
                 if embedding:
-                    for work, blob in self.superbatches.step():
-                        self.writer.put(self.writer.embedded, (work.job_id, work, blob))
+                    try:
+                        for work, blob in self.superbatches.step():
+                            self.writer.put(self.writer.embedded, (work.job_id, work, blob))
+                    except Exception as e:
+                        if device_lost(e):
+                            raise DeviceLost(f"the device is in an error state ({type(e).__name__}: {e})") from e
+                        self.counters["errors.superbatch"] += 1
+                        log.exception("[embed] a micro-batch failed; tried again in 0.5 s")
+                        self._embed_retry_at = time.monotonic() + 0.5
                 finished = self.runner.step(idle_wait=not embedding) if self.runner.has_work() else []
-            except Exception:  # an engine bug must not silently stop the worker
+            except DeviceLost as e:  # every later step would fail too: its work goes elsewhere
+                self.counters["errors.device_lost"] += 1
+                log.critical("[step] %s: leaving the cluster; this worker's sequences resume elsewhere", e)
+                self.liveness.leave(exit_code=4)
+                return
+            except Exception:  # a bug outside the engine's step (which recovers by itself)
                 self.counters["errors.step"] += 1
-                log.exception("[step] engine step failed")
+                log.exception("[step] the step loop failed")
                 time.sleep(0.5)
                 continue
             for done in finished:

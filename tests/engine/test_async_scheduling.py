@@ -187,9 +187,9 @@ def test_sequences_ending_by_length_run_no_extra_row(tiny_model):
     assert overlapped.stats.steps == sync.stats.steps and overlapped.stats.steps_ahead >= sync.stats.steps // 2
 
 
-def test_a_failed_step_leaves_its_tokens_in_flight_to_the_next(tiny_model):
+def test_a_step_failing_before_it_reads_the_tokens_in_flight_loses_none(tiny_model):
     """A step that raises before it reads the last step's tokens (the worker logs it and
-    steps again) loses none of them: the next step carries them."""
+    steps again) loses none of them: the sequences compute again and draw them again."""
     prompts, params = workload(seed=5, n=16)
     params = without_margins(params)
     ref = engine(tiny_model, False).generate(prompts, params)

@@ -1,0 +1,95 @@
+"""A SuperBatch micro-batch that runs the device out of memory is split in two and
+encoded in halves, and the runner's micro-batches stay at the size that ran: no
+SuperBatch retries the same micro-batch forever, and every vector is the one a run
+with room would give."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from shoal.nodes.worker.superbatch_runner import SuperBatchRunner
+
+
+class OutOfMemoryError(RuntimeError):  # as torch names it
+    pass
+
+
+class SmallDeviceEncoder:
+    """Encodes a text to [its length, its first token]; raises out of memory for
+    micro-batches over `room` padded tokens."""
+
+    dim, token_budget = 2, 512
+
+    def __init__(self, room: int):
+        self.room, self.batches = room, []
+
+    def tokenize_counted(self, texts):
+        return [[int(w) for w in t.split()] for t in texts], 0
+
+    def encode_ids(self, batch):
+        padded = len(batch) * max(map(len, batch))
+        if padded > self.room:
+            raise OutOfMemoryError(f"CUDA out of memory (a batch of {padded} tokens)")
+        self.batches.append(padded)
+        return torch.tensor([[len(ids), ids[0]] for ids in batch], dtype=torch.float32)
+
+
+def texts(n: int) -> list[tuple[str, str]]:
+    return [(f"t{i}", " ".join(str(i + j) for j in range(1 + i % 13))) for i in range(n)]
+
+
+def run(runner, job: str, n: int) -> dict:
+    """The SuperBatch's vectors by text id, as the blob storage receives has them."""
+    import pyarrow as pa
+
+    assert runner.assign(job, {"id": f"{job}-sb", "slices": [["p0", 0, n]]}, "float32")
+    end = time.monotonic() + 10
+    while not runner.has_work():
+        assert time.monotonic() < end, "the SuperBatch was never read"
+        time.sleep(0.01)
+    while True:
+        done = runner.step()
+        if done:
+            table = pa.ipc.open_stream(done[0][1]).read_all().to_pydict()
+            return dict(zip(table["id"], table["vector"]))
+
+
+def test_a_micro_batch_out_of_memory_is_split_and_the_budget_stays_lowered():
+    rows = texts(64)
+    encoder = SmallDeviceEncoder(room=300)
+    runner = SuperBatchRunner(encoder, lambda job, slices: rows)
+    try:
+        vectors = run(runner, "a", len(rows))
+        for tid, text in rows:
+            ids = [int(w) for w in text.split()]
+            assert vectors[tid] == [len(ids), ids[0]], tid
+        assert runner.counters["embed.oom_splits"] >= 1
+        assert runner.token_budget <= 300 and max(encoder.batches) <= 300
+        splits = runner.counters["embed.oom_splits"]
+        run(runner, "b", len(rows))  # planned at the lowered budget: nothing to split
+        assert runner.counters["embed.oom_splits"] == splits
+    finally:
+        runner.close()
+
+
+def test_a_text_out_of_memory_alone_is_raised_not_split():
+    rows = texts(4)
+    runner = SuperBatchRunner(SmallDeviceEncoder(room=0), lambda job, slices: rows)
+    try:
+        runner.assign("a", {"id": "a-sb", "slices": [["p0", 0, 4]]}, "float32")
+        end = time.monotonic() + 10
+        while not runner.has_work():
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        raised = 0
+        for _ in range(20):
+            try:
+                runner.step()
+            except OutOfMemoryError:
+                raised += 1
+        # 4 texts, then 2, then one alone: raised, not split again (the worker logs it and retries)
+        assert runner.counters["embed.oom_splits"] == 2 and raised == 18
+    finally:
+        runner.close()
