@@ -12,15 +12,19 @@ thread only.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from shoal.nodes.worker.step_failures import DeviceLost, device_lost, out_of_memory
 from shoal.scheduler.embed_prediction import EncoderCost
 from shoal.scheduler.encode_planner import plan_encode
-from shoal.scheduler.superbatch import micro_batches
+from shoal.scheduler.superbatch import MIN_TOKEN_BUDGET, micro_batches
+
+log = logging.getLogger(__name__)
 
 REFIT_CALLS = 64  # the encoder's terms are refitted to this many recent calls
 REFIT_MIN = 8
@@ -84,6 +88,20 @@ class EncodeQueue:
             return 0.0
         return e.cost_model.step_time(*e.last_step_work)
 
+    def _encode(self, ids: list[list[int]]) -> np.ndarray:
+        """One call; out of device memory, again in micro-batches of half the tokens (and
+        so from now on), down to the smallest budget."""
+        while True:
+            try:
+                return self.encoder.encode_tokenized(ids, self.token_budget).float().numpy()
+            except Exception as e:
+                if not out_of_memory(e) or self.token_budget <= MIN_TOKEN_BUDGET:
+                    raise
+                self.token_budget = max(MIN_TOKEN_BUDGET, self.token_budget // 2)
+                self.stats["oom_halvings"] = self.stats.get("oom_halvings", 0) + 1
+                log.warning("[encode] out of device memory: micro-batches of at most %d tokens from now on",
+                            self.token_budget)
+
     def run(self) -> None:
         if not self._queue:
             return
@@ -102,8 +120,10 @@ class EncodeQueue:
         ids = [t for r in batch for t in r.ids]
         t = time.perf_counter()
         try:
-            vectors = self.encoder.encode_tokenized(ids, self.token_budget).float().numpy()
+            vectors = self._encode(ids)
         except Exception as e:  # fails the requests of this call, never the worker
+            if device_lost(e):
+                raise DeviceLost(f"the device is in an error state ({type(e).__name__}: {e})") from e
             for r in batch:
                 r.done(e)
             return

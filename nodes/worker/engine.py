@@ -96,6 +96,9 @@ class LLMEngine:
                                  else self.device.type == "cuda")
         self._in_flight: PendingTokens | None = None  # the last step's tokens, not read yet
         self._reading: PendingTokens | None = None  # those being read
+        self._read_tokens: list = []  # what the read in progress added (`_recover` takes it back)
+        self._read_figures: list = []
+        self.unrecoverable: list = []  # (sequence id, why) after the last failed step (`_recover`)
         # Finished sequences' outputs, until a step returns them (or, after a step that
         # failed, `take_finished`): what a failed step had read is not lost with it.
         self._outbox: list[RequestOutput] = []
@@ -343,14 +346,12 @@ class LLMEngine:
                 self._in_flight = launched
             else:  # now, while this step runs on the device
                 self.stats.steps_ahead += 1
-                try:
-                    self._read_in_flight()
-                finally:
-                    self._in_flight = launched
-                    # Blocks filled by this step are hashed once the tokens in them are known.
-                    for seq, n in chunks:
-                        if seq.status == SeqStatus.RUNNING:
-                            self._advance(seq, n)
+                self._read_in_flight()
+                self._in_flight = launched
+                # Blocks filled by this step are hashed once the tokens in them are known.
+                for seq, n in chunks:
+                    if seq.status == SeqStatus.RUNNING:
+                        self._advance(seq, n)
                 if read_first:  # the tokens read, these rows sample (a sequence they ended drops its row)
                     live = [i for i, seq in enumerate(sampling) if seq.status == SeqStatus.RUNNING]
                     if len(live) < len(sampling):
@@ -368,17 +369,19 @@ class LLMEngine:
 
     def _recover(self) -> None:
         """After a step raised, whatever it had done: every running sequence computes its
-        KV again from its tokens, which a failure cannot leave half-written (a token read
-        is appended to every sequence before anything else is done with it, and one still
-        in flight is drawn again at its position: the same token). For the sequences the
-        step touched, a token read without its figures (margins, logprobs) is dropped, to
-        be drawn again, grammar states are rebuilt from the tokens, and one whose last
-        token ended it, unseen, ends. `failed_rows`: the sequences the failed step held
-        (the worker bisects with them)."""
+        KV again from its tokens, and tokens in flight are drawn again (at the same
+        positions: the same tokens). A read of tokens that did not finish is taken back
+        (its tokens and figures; grammar states are rebuilt from the tokens left), so a
+        token never counts without its figures or unseen by its stop rules.
+        `failed_rows`: the sequences the failed step held (the worker bisects with them);
+        `unrecoverable`: (sequence id, why) of those that could not be put back in order
+        (the worker ends them with an error)."""
         self.failed_rows = [s.seq_id for s in self.running] or [s.seq_id for s in self.waiting[:1]]
-        reads = [p for p in (self._in_flight, self._reading) if p is not None]
-        touched = list(self.running) + [seq for p in reads for seq in p.seqs]
+        self.unrecoverable = []
+        undo_tokens = self._read_tokens if self._reading is not None else []
+        undo_figures = self._read_figures if self._reading is not None else []
         self._in_flight = self._reading = None
+        self._read_tokens, self._read_figures = [], []
         for seq in list(self.running):
             self.running.remove(seq)
             self.blocks.release(seq.block_table)
@@ -386,37 +389,23 @@ class LLMEngine:
             bisect.insort(self.waiting, seq, key=queue_order)
         for seq in self.seqs.values():
             seq.pending = 0
-        for seq in dict.fromkeys(touched):
-            if seq.status != SeqStatus.WAITING or seq.seq_id not in self.seqs:
-                continue  # (finished, or aborted, meanwhile)
-            n = len(seq.output_token_ids)
-            if seq.params.return_margins:
-                n = min(n, len(seq.margins))
-            if seq.params.logprobs is not None:
-                n = min(n, len(seq.logprobs))
-            del seq.output_token_ids[n:]
+        for seq, to in undo_figures:
+            if seq.status != SeqStatus.FINISHED:
+                to.pop()
+        bs = self.config.block_size
+        for seq, _ in undo_tokens:
+            if seq.status == SeqStatus.FINISHED:
+                continue  # (its output was made: it stands)
+            seq.output_token_ids.pop()
+            del seq.block_hashes[seq.num_known_tokens // bs:]
             if seq.host_kv is not None and seq.host_kv.shape[2] >= seq.num_tokens:
                 self._forget_host_kv(seq)  # (its KV outran its tokens: it prefills again)
             if seq.matcher is not None:
                 try:
                     seq.matcher = self.grammars.matcher(seq.params.constraint, seq.output_token_ids)
-                except Exception:  # (it is left as it was: a later step fails it if it must)
-                    log.exception("[recover] %s: its grammar state could not be rebuilt", seq.seq_id)
-            reason = self._ended_unseen(seq) if seq.output_token_ids else None
-            if reason:
-                self._outbox.append(self._finish(seq, reason))
-
-    def _ended_unseen(self, seq: Sequence) -> str | None:
-        """Why a sequence's tokens already end it, if a failure stopped the read that
-        would have said so."""
-        p, last = seq.params, seq.output_token_ids[-1]
-        if last in self._end_ids(p) or (seq.matcher is not None and seq.matcher.is_stopped()):
-            return "stop"
-        if p.stop and len(seq.output_token_ids) >= p.min_tokens and self._hits_stop_string(seq):
-            return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens or seq.num_known_tokens >= seq.max_total_tokens:
-            return "length"
-        return None
+                except Exception as e:
+                    self.unrecoverable.append((seq.seq_id, f"its grammar state could not be rebuilt: "
+                                                           f"{type(e).__name__}: {e}"))
 
     def _split_model_time(self, seconds: float, prefill: int, decoding: int) -> None:
         cm = self.cost_model
@@ -526,7 +515,11 @@ class LLMEngine:
             return False
         blocks = self.blocks.allocate(need)
         self.host_pool.for_device()  # its copy to the host may still be on the way
-        self.cache.write(blocks, kv)
+        try:
+            self.cache.write(blocks, kv)
+        except Exception:
+            self.blocks.release(blocks)
+            raise
         self._forget_host_kv(seq)
         seq.block_table, seq.num_computed = blocks, kv.shape[2]
         self.waiting.remove(seq)
@@ -597,32 +590,39 @@ class LLMEngine:
         self._reading = pending  # (until the read is done: a failure meanwhile recovers its sequences)
         tokens, figures = pending.read(), pending.figures()  # (what the device can fail at: first)
         live = [(seq, tok) for seq, tok in zip(pending.seqs, tokens) if seq.status != SeqStatus.FINISHED]
-        for seq, tok in live:  # every token first: a failure below leaves no sequence short of one
+        # What the read adds, so that a failure before it is done can take it back
+        # (`_recover`): every token, then every figure, each in a loop that cannot fail.
+        self._read_tokens, self._read_figures = live, []
+        for seq, tok in live:
             seq.output_token_ids.append(tok)
-        self._record_figures(pending, figures)
+        self._read_figures = self._record_figures(pending, figures)
         self.stats.generated_tokens += len(live)
         for seq, tok in live:
             reason = self._finish_reason(seq, tok)
             if reason:
                 self._outbox.append(self._finish(seq, reason))
-        self._reading = None
+        self._reading, self._read_tokens, self._read_figures = None, [], []
 
-    def _record_figures(self, pending: PendingTokens, got: dict[str, list]) -> None:
+    def _record_figures(self, pending: PendingTokens, got: dict[str, list]) -> list[tuple[Sequence, list]]:
         """The logprobs, margins and draws that came back with a step's tokens (`got`),
-        recorded by the sequences still running."""
-        rows, seqs = pending.rows, pending.seqs
+        recorded by the sequences still running: all made first, then appended. Returns
+        (sequence, the list it appended to) for each."""
+        rows, seqs, adds = pending.rows, pending.seqs, []
         if "lp_picked" in got:
             for i, c, vs, ts in zip(rows["logprob_rows"], got["lp_picked"], got["lp_values"], got["lp_ids"]):
                 if seqs[i].status != SeqStatus.FINISHED:
-                    seqs[i].logprobs.append(logprob_entry(seqs[i].params.logprobs, c, vs, ts))
+                    adds.append((seqs[i], seqs[i].logprobs, logprob_entry(seqs[i].params.logprobs, c, vs, ts)))
         if "margins" in got:
             draws = (draws_of(rows["sampled_rows"], got["lo"], got["hi"], got["cut"], [s.params for s in seqs],
                               rows["uniforms"]) if "lo" in got else {})
             for i, (seq, margin) in enumerate(zip(seqs, got["margins"])):
                 if seq.status != SeqStatus.FINISHED and seq.params.return_margins:
-                    seq.margins.append(margin)
+                    adds.append((seq, seq.margins, margin))
                     if i in draws:
-                        seq.draws.append(draws[i].to_list())
+                        adds.append((seq, seq.draws, draws[i].to_list()))
+        for _, to, value in adds:
+            to.append(value)
+        return [(seq, to) for seq, to, _ in adds]
 
     @torch.inference_mode()  # the logits are the model's inference tensors: edited in place
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> None:
@@ -670,18 +670,20 @@ class LLMEngine:
         return any(s in text for s in seq.params.stop)
 
     def _finish(self, seq: Sequence, reason: str) -> RequestOutput:
-        self.planner.observe_finished(len(seq.output_token_ids), seq.num_prompt_tokens)
-        self._drop(seq)
-        del self.seqs[seq.seq_id]
-        seq.finish_reason = reason
+        # The output first: if making it fails, the sequence is still here to recover.
         text = self.tokenizer.decode(seq.output_token_ids)
         if reason == "stop" and seq.params.stop:
             cut = min((text.find(s) for s in seq.params.stop if s in text), default=-1)
             if cut >= 0:
                 text = text[:cut]
-        return RequestOutput(seq.seq_id, list(seq.output_token_ids), text, reason,
-                             seq.num_prompt_tokens, list(seq.margins), list(seq.draws),
-                             self._logprob_entries(seq) if seq.params.logprobs is not None else None)
+        out = RequestOutput(seq.seq_id, list(seq.output_token_ids), text, reason,
+                            seq.num_prompt_tokens, list(seq.margins), list(seq.draws),
+                            self._logprob_entries(seq) if seq.params.logprobs is not None else None)
+        self.planner.observe_finished(len(seq.output_token_ids), seq.num_prompt_tokens)
+        self._drop(seq)
+        del self.seqs[seq.seq_id]
+        seq.finish_reason = reason
+        return out
 
     def _logprob_entries(self, seq: Sequence) -> list[dict]:
         """The recorded logprobs with each token's text and UTF-8 bytes (OpenAI's shape)."""

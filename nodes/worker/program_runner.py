@@ -26,9 +26,8 @@ from collections import Counter
 from shoal.coroutine import Finished, SequenceCoroutine
 from shoal.program import Generate, GenerateResult, ProgramError, Tokenize, resolve_program
 from shoal.protocol.coroutine_state import check_coroutine_state, coroutine_state
-from shoal.protocol.errors import ShoalError
 from shoal.protocol.sequence_state import SequenceState, StateError
-from shoal.nodes.worker.step_failures import FailSequence, Leave, StepFailures
+from shoal.nodes.worker.step_failures import DeviceLost, FailSequence, Leave, StepFailures
 from shoal.sampling import RequestError
 
 log = logging.getLogger(__name__)
@@ -72,10 +71,6 @@ def _result(o) -> GenerateResult:
 
 def error_record(sid, message: str) -> dict:
     return {"id": sid, "error": message, "finish_reason": "error"}
-
-
-class DeviceLost(ShoalError, RuntimeError):
-    """The device failed in a way no later step recovers from: the worker must leave."""
 
 
 class ProgramRunner:
@@ -294,7 +289,11 @@ class ProgramRunner:
                 self.tokens[o.seq_id] = self.tokens.get(o.seq_id, 0) + len(o.token_ids)
                 done += self._resume(o.seq_id, _result(o))
             if failure is not None:
-                done += self._step_failed(failure)
+                try:
+                    done += self._step_failed(failure)
+                except DeviceLost as e:
+                    e.finished = done + e.finished
+                    raise
             if self.checkpoint_tokens:
                 t = time.perf_counter()
                 self._checkpoint_long_generations()
@@ -326,17 +325,24 @@ class ProgramRunner:
         verdict = self.step_failures.failed(rows, e)
         if isinstance(verdict, Leave):
             raise DeviceLost(verdict.message) from e
+        out = []
+        for sid, why in self.engine.unrecoverable:  # (rare: its state could not be put back)
+            if sid[:2] not in self.coros:
+                continue  # (another of its samples ended it already)
+            self.counters["sequences.failed_by_step"] += 1
+            self.engine.abort(sid)
+            out += self._fail(sid[:2], f"sequence {sid[1]!r}: after a failed step ({type(e).__name__}: {e}), {why}")
         # The first failure of a streak with its traceback; the rest in a line each.
         log.error("[step] failed holding %d sequences: %s: %s; at most %s per step now", len(rows),
                   type(e).__name__, e, self.step_failures.cap, exc_info=self.step_failures.streak == 1)
         self.engine.step_cap = self.step_failures.cap
         if not isinstance(verdict, FailSequence) or verdict.seq_id not in self.engine.seqs:
-            return []
+            return out
         sid, key = verdict.seq_id, verdict.seq_id[:2]  # (a sample's id is its program's key and j)
         self.counters["sequences.failed_by_step"] += 1
         log.error("[step] %s ended with an error: %s", sid, verdict.message)
         self.engine.abort(sid)
-        return self._fail(key, f"sequence {key[1]!r}: {verdict.message}")
+        return out + self._fail(key, f"sequence {key[1]!r}: {verdict.message}")
 
     def describe(self, key: tuple) -> tuple[str, dict, dict]:
         """(program as the job names it, arguments, item) of a resident sequence."""

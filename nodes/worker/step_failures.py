@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from shoal.protocol.errors import ShoalError
+
 log = logging.getLogger(__name__)
 
 # A sequence alone in this many failed steps is the failure's cause.
@@ -36,13 +38,28 @@ def out_of_memory(e: BaseException) -> bool:
 
 
 def device_lost(e: BaseException) -> bool:
-    """A CUDA error other than memory: the context is unusable from here on."""
-    if out_of_memory(e):
-        return False
-    if any(c.__name__ == "AcceleratorError" for c in type(e).__mro__):
-        return True
-    text = str(e)
-    return "CUDA error" in text or "CUBLAS_STATUS" in text or "cudaError" in text
+    """A CUDA error other than memory, here or in what led to it (an error raised while
+    handling one): the context is unusable from here on."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if not out_of_memory(e):
+            text = str(e)
+            if (any(c.__name__ == "AcceleratorError" for c in type(e).__mro__)
+                    or "CUDA error" in text or "CUBLAS_STATUS" in text or "cudaError" in text):
+                return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+class DeviceLost(ShoalError, RuntimeError):
+    """The device failed in a way no later step recovers from: the worker must leave.
+    `finished`: the records of programs that ended before it was found out (the worker
+    still delivers them)."""
+
+    def __init__(self, message: str, finished: list | None = None):
+        super().__init__(message)
+        self.finished = finished or []
 
 
 @dataclass(frozen=True)

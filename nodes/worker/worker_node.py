@@ -44,8 +44,8 @@ from shoal.nodes.worker.inbox import Admit, Drop, Export
 from shoal.nodes.worker.liveness import Liveness
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
-from shoal.nodes.worker.program_runner import DeviceLost, ProgramRunner
-from shoal.nodes.worker.step_failures import device_lost
+from shoal.nodes.worker.program_runner import ProgramRunner
+from shoal.nodes.worker.step_failures import DeviceLost, device_lost
 from shoal.nodes.worker.compute_thread import ComputeThread
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
@@ -419,9 +419,11 @@ class WorkerNode(Node):
                         self._embed_retry_at = time.monotonic() + 0.5
                 finished = self.runner.step(idle_wait=not embedding) if self.runner.has_work() else []
             except DeviceLost as e:  # every later step would fail too: its work goes elsewhere
+                for done in e.finished:  # (delivered still: storage keeps the first of each)
+                    self.writer.put(self.writer.results, done)
                 self.counters["errors.device_lost"] += 1
                 log.critical("[step] %s: leaving the cluster; this worker's sequences resume elsewhere", e)
-                self.liveness.leave(exit_code=4)
+                self.liveness.leave(exit_code=5)  # (3: the watchdog)
                 return
             except Exception:  # a bug outside the engine's step (which recovers by itself)
                 self.counters["errors.step"] += 1

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from shoal.nodes.worker.engine import EngineConfig, LLMEngine
-from shoal.nodes.worker.program_runner import DeviceLost, ProgramRunner
+from shoal.nodes.worker.program_runner import ProgramRunner
+from shoal.nodes.worker.step_failures import DeviceLost
 from shoal.nodes.worker.step_faults import inject_step_errors
 from shoal.output_compare import compare_results
 from shoal.sampling import SamplingParams
@@ -99,18 +100,22 @@ def fail_now_and_then(eng: LLMEngine, name: str, every: int) -> list:
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["in-order", "async"])
-@pytest.mark.parametrize("where", ["_sample_ahead", "_record_figures"])
+@pytest.mark.parametrize("where", ["_sample_ahead", "_record_figures", "_finish"])
 def test_a_step_failing_anywhere_is_stepped_again_to_the_same_outputs(tiny_model, overlap, where):
     """Raised while sampling (after the model advanced the sequences: before, the next
     step found nothing to compute for them and the engine spun forever) or while reading
-    the tokens back (after they were appended, before their figures and before the
-    sequences they end were finished: those outputs are returned, not lost)."""
+    the tokens back (after they were appended, before their figures; or while finishing
+    the sequences they end, some finished and some not, grammars among them): the read
+    is taken back, the outputs made before the failure are returned, and every sequence
+    ends as a run without failures does."""
     r = random.Random(9)
     prompts = [[r.randrange(10, 500) for _ in range(r.randint(1, 40))] for _ in range(16)]
     params = [SamplingParams(max_tokens=r.randint(1, 30), temperature=0.0 if i % 2 else 0.9, seed=5,
                              ignore_eos=True, return_margins=i % 3 != 0, logprobs=2 if i % 4 == 0 else None)
               for i in range(16)]
     params[3] = dataclasses.replace(params[3], repetition_penalty=1.3)  # sampled after the read (async)
+    for i in (5, 10):  # a grammar that ends some sequences early, its state consumed in the read
+        params[i] = dataclasses.replace(params[i], regex="[a-z]{2,6}( [a-z]{2,6}){0,2}", ignore_eos=False)
     ref = engine(tiny_model, False).generate(prompts, params)
     eng = engine(tiny_model, overlap)
     for i, (p, sp) in enumerate(zip(prompts, params)):

@@ -24,7 +24,7 @@ def test_a_worker_whose_device_is_lost_leaves_and_its_work_finishes_elsewhere(ti
     with shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb", worker_args=WORKER_ARGS,
                             env=faulty({"error": "cuda", "after_steps": 6})) as c:
         job = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict())
-        assert c.process("worker-0").wait(timeout=60) == 4  # left, not crashed nor spinning
+        assert c.process("worker-0").wait(timeout=60) == 5  # left, not crashed nor spinning
         view = MemberView(c.etcd.endpoint, c.cluster).start()
         assert "worker-0" not in view.snapshot("worker")  # revoked, not left to expire
         view.stop()

@@ -1,14 +1,18 @@
-"""A SuperBatch micro-batch that runs the device out of memory is split in two and
-encoded in halves, and the runner's micro-batches stay at the size that ran: no
-SuperBatch retries the same micro-batch forever, and every vector is the one a run
-with room would give."""
+"""The encoder out of device memory. A SuperBatch micro-batch that runs out is split
+in two and encoded in halves, and the runner's micro-batches stay at the size that ran:
+no SuperBatch retries the same micro-batch forever, and every vector is the one a run
+with room would give. The queue of Embed and Retrieve texts halves its budget and calls
+again, rather than failing its requests; a lost device is said to the worker."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
+from shoal.nodes.worker.encode_queue import EncodeQueue
+from shoal.nodes.worker.step_failures import DeviceLost
 from shoal.nodes.worker.superbatch_runner import SuperBatchRunner
 
 
@@ -27,6 +31,20 @@ class SmallDeviceEncoder:
 
     def tokenize_counted(self, texts):
         return [[int(w) for w in t.split()] for t in texts], 0
+
+    def tokenize(self, texts):
+        return self.tokenize_counted(texts)[0]
+
+    def encode_tokenized(self, ids, token_budget):
+        """As the encoder does: length-sorted micro-batches within the budget."""
+        from shoal.scheduler.superbatch import micro_batches
+
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out = torch.empty(len(ids), self.dim)
+        for cut in micro_batches([len(ids[i]) for i in order], token_budget):
+            rows = order[cut.start:cut.stop]
+            out[rows] = self.encode_ids([ids[i] for i in rows])
+        return out
 
     def encode_ids(self, batch):
         padded = len(batch) * max(map(len, batch))
@@ -93,3 +111,33 @@ def test_a_text_out_of_memory_alone_is_raised_not_split():
         assert runner.counters["embed.oom_splits"] == 2 and raised == 18
     finally:
         runner.close()
+
+
+def test_the_queue_of_embed_texts_halves_its_budget_out_of_memory_and_fails_no_request():
+    encoder = SmallDeviceEncoder(room=200)
+    queue = EncodeQueue(encoder, token_budget=1024)
+    got = {}
+    rows = texts(48)
+    for tid, text in rows:
+        queue.put(tid, [text], lambda v, tid=tid: got.setdefault(tid, v))
+    while len(queue):
+        queue.run()
+    assert sorted(got) == sorted(tid for tid, _ in rows)
+    for tid, text in rows:
+        ids = [int(w) for w in text.split()]
+        assert not isinstance(got[tid], Exception), got[tid]
+        assert got[tid].tolist() == [[len(ids), ids[0]]], tid
+    assert queue.token_budget <= 256 and queue.stats["oom_halvings"] >= 2
+
+
+def test_a_lost_device_under_the_queue_is_said_to_the_worker():
+    class LostDevice(SmallDeviceEncoder):
+        def encode_ids(self, batch):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    queue = EncodeQueue(LostDevice(room=0), token_budget=512)
+    failed = []
+    queue.put("q", ["1 2 3"], failed.append)
+    with pytest.raises(DeviceLost, match="illegal memory access"):
+        queue.run()
+    assert not failed  # its request is not failed: it resumes elsewhere
