@@ -158,6 +158,7 @@ class LLMEngine:
                 "planner": self.planner.stats(), "policy_fallback": self.policy_fallback,
                 "dtype": self.config.dtype, "dtype_reason": self.dtype_choice.reason,
                 "budget": self.config.max_num_batched_tokens, "budget_reason": self.budget_reason,
+                "step_cap": self.step_cap,
                 "threads": self.threads,
                 "device": self.config.device, "device_label": self.setup.device_label,
                 "device_reason": self.setup.device.reason,

@@ -176,6 +176,7 @@ def cmd_nodes(args) -> int:
                      f" device {e.get('device')} ({e.get('device_label')}), attention {e.get('attention')},"
                      f" dtype {e.get('dtype')}, budget {e.get('budget')} tokens/step"
                      + (" (rows padded)" if e.get("pad_rows") else "")
+                     + (f", at most {e['step_cap']} sequences/step since steps failed" if e.get("step_cap") else "")
                      + (" DRAINING" if st.get("draining") else ""))
         if "disk" in st:  # a storage node
             d = st["disk"]

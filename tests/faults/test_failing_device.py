@@ -49,3 +49,19 @@ def test_an_item_that_breaks_the_step_ends_alone_and_the_job_finishes(tiny_model
     for sid, rec in by_id.items():
         cmp = compare_results(rec, ref[sid])
         assert cmp, f"{sid}: {cmp.detail}"
+
+
+def test_out_of_memory_at_larger_steps_caps_them_and_shoal_nodes_says_so(tiny_model, tmp_path):
+    import subprocess
+    import sys
+
+    items = workload(16)
+    with shoal.LocalCluster(tiny_model, state_dir=tmp_path / "c", policy="mb", worker_args=WORKER_ARGS,
+                            env=faulty({"error": "oom", "above_rows": 3})) as c:
+        results = shoal.Client(c.router, reply_timeout=3).submit(items, params=PARAMS.to_dict()).wait(timeout=240)
+        out = subprocess.run([sys.executable, "-m", "shoal.cli", "nodes", "--dir", str(c.dir)],
+                             capture_output=True, text=True, timeout=60)
+    check_whole(tiny_model, items, results)
+    worker = next(ln for ln in out.stdout.splitlines() if ln.startswith("worker"))
+    cap = int(worker.split("at most ")[1].split()[0])
+    assert 1 <= cap <= 3 and "sequences/step since steps failed" in worker, worker
