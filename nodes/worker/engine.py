@@ -767,6 +767,10 @@ class LLMEngine:
         if need > self.blocks.num_free:
             log.info("[import] %s: no room for %d KV blocks, will re-prefill", sid, need)
             return
+        if self.step_cap is not None and len(self.running) >= self.step_cap:
+            # Steps are capped (they failed, perhaps out of memory): it waits its turn.
+            log.info("[import] %s: steps hold at most %d sequences, will re-prefill", sid, self.step_cap)
+            return
         blocks = self.blocks.allocate(need)
         try:
             self.cache.write(blocks, kv)

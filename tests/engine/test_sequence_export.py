@@ -130,6 +130,31 @@ def test_import_without_room_reprefills(tiny_model):
     assert cmp, cmp.detail
 
 
+def test_import_past_a_step_cap_waits_its_turn_and_reprefills(tiny_model):
+    """After failed steps capped the engine (`step_failures.py`), an imported sequence
+    does not join the running ones beyond the cap: it waits, and continues the same."""
+    params = SamplingParams(max_tokens=20, ignore_eos=True, return_margins=True)
+    p = list(range(1, 60))
+    ref = LLMEngine(tiny_model, EngineConfig()).generate([p], params, seq_ids=["z"])[0]
+    src = LLMEngine(tiny_model, EngineConfig())
+    src.add_request("z", prompt_token_ids=p, params=params)
+    run_until(src, 6)
+    state = src.export_sequence("z")
+    dst = LLMEngine(tiny_model, EngineConfig())
+    dst.step_cap = 1
+    dst.add_request("first", prompt_token_ids=list(range(3, 40)), params=SamplingParams(max_tokens=4, ignore_eos=True))
+    dst.step()
+    dst.import_sequence(state)
+    assert [s.seq_id for s in dst.running] == ["first"] and dst.seqs["z"].num_computed == 0
+    out, most = {}, 0
+    while dst.has_unfinished():
+        out.update({o.seq_id: o for o in dst.step()})
+        most = max(most, len(dst.running))
+    assert most == 1
+    cmp = compare_outputs(out["z"].token_ids, ref.token_ids, [ref.margins])
+    assert cmp, cmp.detail
+
+
 def test_import_of_fully_computed_state_recomputes_the_last_token(tiny_model):
     params = SamplingParams(max_tokens=12, ignore_eos=True, return_margins=True)
     p = list(range(1, 30))
