@@ -486,13 +486,16 @@ def w1_cluster(args, inprocess: dict | None) -> dict:
         results = client.submit(job_items(work), params={"ignore_eos": True}).wait(timeout=300)
         wall = time.perf_counter() - t
         client.close()
+        steps = failed_steps(cluster)
     except Exception as e:
         raise RuntimeError(f"{type(e).__name__}: {e}\n{log_tails(cluster.dir / 'logs')}") from e
     finally:
         cluster.stop()
     failed = [r for r in results if r.get("error")]
     tokens = work.prompt_tokens + sum(len(r["token_ids"]) for r in results)
-    out = {"ok": not failed, "wall": wall, "tokens_per_s": tokens / wall, "failed": len(failed)}
+    # A figure taken while steps failed (out of memory: capped) is not the engine's.
+    out = {"ok": not failed and not steps.get("failed_steps"), "wall": wall, "tokens_per_s": tokens / wall,
+           "failed": len(failed), **steps}
     if inprocess and inprocess.get("wall"):  # (not a failed first half's error)
         out["cluster_over_inprocess"] = wall / inprocess["wall"]
     if isinstance(prediction, str):
@@ -503,8 +506,26 @@ def w1_cluster(args, inprocess: dict | None) -> dict:
                    + (f", {100 * (out['cluster_over_inprocess'] - 1):+.1f}% over in-process"
                       if "cluster_over_inprocess" in out else "")
                    + (f"; predicted {prediction:.1f} s ({100 * out['prediction_error']:+.0f}%)"
-                      if not isinstance(prediction, str) else f"; no prediction: {prediction}"))
+                      if not isinstance(prediction, str) else f"; no prediction: {prediction}")
+                   + (f"; {steps['failed_steps']} failed steps, capped at {steps['step_cap']} sequences"
+                      if steps.get("failed_steps") else ""))
     return out
+
+
+def failed_steps(cluster) -> dict:
+    """The worker's failed steps and the cap they left (`step_failures.py`), or why
+    they could not be asked."""
+    from shoal.transport.rpc import RpcClient
+
+    rpc = RpcClient(cluster.nodes["worker-0"][2])
+    try:
+        stats = rpc.request("StatsQuery", timeout=10)["stats"]
+    except Exception as e:  # (the figures stand without it)
+        return {"failed_steps_unknown": f"{type(e).__name__}: {e}"}
+    finally:
+        rpc.close()
+    return {"failed_steps": stats.get("counters", {}).get("errors.step", 0),
+            "step_cap": stats.get("engine", {}).get("step_cap")}
 
 
 def predicted_job(client, items: list[dict], model: str) -> float | str:
@@ -638,8 +659,26 @@ def w2_superbatches(args) -> dict:
                    f"{pp_rate:,.0f}{' (cut off at ' + str(st['done']) + ' of ' + str(st['total']) + ' texts)' if capped else ''}"
                    f": {out['gain']:.2f}x"
                    + (f"; predicted {prediction.gain:.2f}x, SuperBatch time {100 * out['prediction_error']:+.0f}%"
-                      if not isinstance(prediction, str) else f"; no prediction: {prediction}"))
+                      if not isinstance(prediction, str) else f"; no prediction: {prediction}")
+                   + (f"; {steps['failed_steps']} failed steps, capped at {steps['step_cap']} sequences"
+                      if steps.get("failed_steps") else ""))
     return out
+
+
+def failed_steps(cluster) -> dict:
+    """The worker's failed steps and the cap they left (`step_failures.py`), or why
+    they could not be asked."""
+    from shoal.transport.rpc import RpcClient
+
+    rpc = RpcClient(cluster.nodes["worker-0"][2])
+    try:
+        stats = rpc.request("StatsQuery", timeout=10)["stats"]
+    except Exception as e:  # (the figures stand without it)
+        return {"failed_steps_unknown": f"{type(e).__name__}: {e}"}
+    finally:
+        rpc.close()
+    return {"failed_steps": stats.get("counters", {}).get("errors.step", 0),
+            "step_cap": stats.get("engine", {}).get("step_cap")}
 
 
 def structured(args) -> dict:

@@ -102,6 +102,23 @@ class EncodeQueue:
                 log.warning("[encode] out of device memory: micro-batches of at most %d tokens from now on",
                             self.token_budget)
 
+    def _one_by_one(self, batch: list[_Request], e: Exception) -> None:
+        """A call failed: each request again alone, so that only those that fail alone
+        (a text the encoder cannot take) fail."""
+        if len(batch) == 1:
+            batch[0].done(e)
+            return
+        self.stats["retried_alone"] = self.stats.get("retried_alone", 0) + len(batch)
+        for r in batch:
+            try:
+                vectors = self._encode(r.ids)
+            except Exception as alone:
+                if device_lost(alone):
+                    raise DeviceLost(f"the device is in an error state ({type(alone).__name__}: {alone})") from alone
+                r.done(alone)
+                continue
+            r.done(vectors)
+
     def run(self) -> None:
         if not self._queue:
             return
@@ -121,11 +138,10 @@ class EncodeQueue:
         t = time.perf_counter()
         try:
             vectors = self._encode(ids)
-        except Exception as e:  # fails the requests of this call, never the worker
+        except Exception as e:  # fails the requests that fail alone, never the worker
             if device_lost(e):
                 raise DeviceLost(f"the device is in an error state ({type(e).__name__}: {e})") from e
-            for r in batch:
-                r.done(e)
+            self._one_by_one(batch, e)
             return
         finally:
             elapsed = time.perf_counter() - t

@@ -1,8 +1,9 @@
-"""The encoder out of device memory. A SuperBatch micro-batch that runs out is split
-in two and encoded in halves, and the runner's micro-batches stay at the size that ran:
-no SuperBatch retries the same micro-batch forever, and every vector is the one a run
-with room would give. The queue of Embed and Retrieve texts halves its budget and calls
-again, rather than failing its requests; a lost device is said to the worker."""
+"""The encoder failing. A SuperBatch micro-batch that runs the device out of memory is
+split in two and encoded in halves, and the runner's micro-batches stay at the size
+that ran: no SuperBatch retries the same micro-batch forever, and every vector is the
+one a run with room would give. The queue of Embed and Retrieve texts halves its budget
+and calls again, rather than failing its requests; a call that fails otherwise fails
+only the requests that fail alone; a lost device is said to the worker."""
 
 from __future__ import annotations
 
@@ -141,3 +142,21 @@ def test_a_lost_device_under_the_queue_is_said_to_the_worker():
     with pytest.raises(DeviceLost, match="illegal memory access"):
         queue.run()
     assert not failed  # its request is not failed: it resumes elsewhere
+
+
+def test_a_text_the_encoder_cannot_take_fails_only_its_own_request():
+    class Picky(SmallDeviceEncoder):
+        def encode_ids(self, batch):
+            if any(13 in ids for ids in batch):
+                raise ValueError("token 13 breaks the encoder")
+            return super().encode_ids(batch)
+
+    queue = EncodeQueue(Picky(room=10**6), token_budget=512)
+    got = {}
+    rows = [("a", "1 2"), ("bad", "4 13 5"), ("c", "7")]
+    for tid, text in rows:
+        queue.put(tid, [text], lambda v, tid=tid: got.setdefault(tid, v))
+    while len(queue):
+        queue.run()
+    assert isinstance(got["bad"], ValueError) and "token 13" in str(got["bad"])
+    assert got["a"].tolist() == [[2, 1]] and got["c"].tolist() == [[1, 7]]
