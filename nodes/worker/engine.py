@@ -388,8 +388,13 @@ class LLMEngine:
             self.blocks.release(seq.block_table)
             seq.block_table, seq.num_computed, seq.status = [], 0, SeqStatus.WAITING
             bisect.insort(self.waiting, seq, key=queue_order)
-        for seq in self.seqs.values():
+        for seq in list(self.seqs.values()):
             seq.pending = 0
+            # One preempted with its token in flight holds KV of every token it has now:
+            # with nothing left to compute it could not sample. It prefills again.
+            if seq.host_kv is not None and seq.host_kv.shape[2] >= seq.num_tokens:
+                self._forget_host_kv(seq)
+        self.stats.generated_tokens -= sum(1 for seq, _ in undo_tokens if seq.status != SeqStatus.FINISHED)
         for seq, to in undo_figures:
             if seq.status != SeqStatus.FINISHED:
                 to.pop()

@@ -299,7 +299,11 @@ class ProgramRunner:
                 self._checkpoint_long_generations()
                 self.checkpoint_seconds += time.perf_counter() - t
         if self.encode_queue is not None:
-            self.encode_queue.run()  # Embed texts and Retrieve queries, beside the step just taken
+            try:
+                self.encode_queue.run()  # Embed texts and Retrieve queries, beside the step just taken
+            except DeviceLost as e:  # (what ended before is delivered still)
+                e.finished = done + e.finished
+                raise
         polled = 0
         for ex in self.executors.values():
             for key, result in ex.poll():
