@@ -659,26 +659,8 @@ def w2_superbatches(args) -> dict:
                    f"{pp_rate:,.0f}{' (cut off at ' + str(st['done']) + ' of ' + str(st['total']) + ' texts)' if capped else ''}"
                    f": {out['gain']:.2f}x"
                    + (f"; predicted {prediction.gain:.2f}x, SuperBatch time {100 * out['prediction_error']:+.0f}%"
-                      if not isinstance(prediction, str) else f"; no prediction: {prediction}")
-                   + (f"; {steps['failed_steps']} failed steps, capped at {steps['step_cap']} sequences"
-                      if steps.get("failed_steps") else ""))
+                      if not isinstance(prediction, str) else f"; no prediction: {prediction}"))
     return out
-
-
-def failed_steps(cluster) -> dict:
-    """The worker's failed steps and the cap they left (`step_failures.py`), or why
-    they could not be asked."""
-    from shoal.transport.rpc import RpcClient
-
-    rpc = RpcClient(cluster.nodes["worker-0"][2])
-    try:
-        stats = rpc.request("StatsQuery", timeout=10)["stats"]
-    except Exception as e:  # (the figures stand without it)
-        return {"failed_steps_unknown": f"{type(e).__name__}: {e}"}
-    finally:
-        rpc.close()
-    return {"failed_steps": stats.get("counters", {}).get("errors.step", 0),
-            "step_cap": stats.get("engine", {}).get("step_cap")}
 
 
 def structured(args) -> dict:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from shoal.nodes.worker.step_failures import DeviceLost, device_lost, out_of_memory
+from shoal.nodes.worker.step_failures import out_of_memory, raise_if_device_lost
 from shoal.scheduler.embed_prediction import EncoderCost
 from shoal.scheduler.encode_planner import plan_encode
 from shoal.scheduler.superbatch import MIN_TOKEN_BUDGET, micro_batches
@@ -113,8 +113,7 @@ class EncodeQueue:
             try:
                 vectors = self._encode(r.ids)
             except Exception as alone:
-                if device_lost(alone):
-                    raise DeviceLost(f"the device is in an error state ({type(alone).__name__}: {alone})") from alone
+                raise_if_device_lost(alone)
                 r.done(alone)
                 continue
             r.done(vectors)
@@ -139,8 +138,7 @@ class EncodeQueue:
         try:
             vectors = self._encode(ids)
         except Exception as e:  # fails the requests that fail alone, never the worker
-            if device_lost(e):
-                raise DeviceLost(f"the device is in an error state ({type(e).__name__}: {e})") from e
+            raise_if_device_lost(e)
             self._one_by_one(batch, e)
             return
         finally:

@@ -388,12 +388,8 @@ class LLMEngine:
             self.blocks.release(seq.block_table)
             seq.block_table, seq.num_computed, seq.status = [], 0, SeqStatus.WAITING
             bisect.insort(self.waiting, seq, key=queue_order)
-        for seq in list(self.seqs.values()):
+        for seq in self.seqs.values():
             seq.pending = 0
-            # One preempted with its token in flight holds KV of every token it has now:
-            # with nothing left to compute it could not sample. It prefills again.
-            if seq.host_kv is not None and seq.host_kv.shape[2] >= seq.num_tokens:
-                self._forget_host_kv(seq)
         self.stats.generated_tokens -= sum(1 for seq, _ in undo_tokens if seq.status != SeqStatus.FINISHED)
         for seq, to in undo_figures:
             if seq.status != SeqStatus.FINISHED:
@@ -404,14 +400,17 @@ class LLMEngine:
                 continue  # (its output was made: it stands)
             seq.output_token_ids.pop()
             del seq.block_hashes[seq.num_known_tokens // bs:]
-            if seq.host_kv is not None and seq.host_kv.shape[2] >= seq.num_tokens:
-                self._forget_host_kv(seq)  # (its KV outran its tokens: it prefills again)
             if seq.matcher is not None:
                 try:
                     seq.matcher = self.grammars.matcher(seq.params.constraint, seq.output_token_ids)
                 except Exception as e:
                     self.unrecoverable.append((seq.seq_id, f"its grammar state could not be rebuilt: "
                                                            f"{type(e).__name__}: {e}"))
+        for seq in self.seqs.values():
+            # One preempted with its token in flight (or its read taken back) holds KV of
+            # every token it has now: with nothing left to compute it could not sample.
+            if seq.host_kv is not None and seq.host_kv.shape[2] >= seq.num_tokens:
+                self._forget_host_kv(seq)
 
     def _split_model_time(self, seconds: float, prefill: int, decoding: int) -> None:
         cm = self.cost_model

@@ -62,6 +62,12 @@ class DeviceLost(ShoalError, RuntimeError):
         self.finished = finished or []
 
 
+def raise_if_device_lost(e: BaseException) -> None:
+    """Raises DeviceLost (from `e`) where `e` says the device is lost."""
+    if device_lost(e):
+        raise DeviceLost(f"the device is in an error state ({type(e).__name__}: {e})") from e
+
+
 @dataclass(frozen=True)
 class Retry:
     cap: int  # at most this many sequences per step from now on

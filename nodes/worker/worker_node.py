@@ -45,7 +45,7 @@ from shoal.nodes.worker.liveness import Liveness
 from shoal.nodes.worker.result_writer import WRITE_TIMEOUT_S, ResultWriter
 from shoal.transport.delivery import RpcClients, deliver
 from shoal.nodes.worker.program_runner import ProgramRunner
-from shoal.nodes.worker.step_failures import DeviceLost, device_lost
+from shoal.nodes.worker.step_failures import DeviceLost, raise_if_device_lost
 from shoal.nodes.worker.compute_thread import ComputeThread
 from shoal.nodes.worker.sequence_mover import Outbound, SequenceMover
 from shoal.scheduler.kv_transfer import decide_kv
@@ -412,8 +412,7 @@ class WorkerNode(Node):
                         for work, blob in self.superbatches.step():
                             self.writer.put(self.writer.embedded, (work.job_id, work, blob))
                     except Exception as e:
-                        if device_lost(e):
-                            raise DeviceLost(f"the device is in an error state ({type(e).__name__}: {e})") from e
+                        raise_if_device_lost(e)
                         self.counters["errors.superbatch"] += 1
                         log.exception("[embed] a micro-batch failed; tried again in 0.5 s")
                         self._embed_retry_at = time.monotonic() + 0.5

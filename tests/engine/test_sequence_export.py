@@ -111,14 +111,19 @@ def test_truncated_kv_blob_is_refused(tiny_model):
         dst.import_sequence(state)
 
 
-def test_import_without_room_reprefills(tiny_model):
+def exported_midway(tiny_model):
+    """A run's output undisturbed, and its sequence "z" exported after 6 steps."""
     params = SamplingParams(max_tokens=20, ignore_eos=True, return_margins=True)
     p = list(range(1, 60))
     ref = LLMEngine(tiny_model, EngineConfig()).generate([p], params, seq_ids=["z"])[0]
     src = LLMEngine(tiny_model, EngineConfig())
     src.add_request("z", prompt_token_ids=p, params=params)
     run_until(src, 6)
-    state = src.export_sequence("z")
+    return ref, src.export_sequence("z")
+
+
+def test_import_without_room_reprefills(tiny_model):
+    ref, state = exported_midway(tiny_model)
     dst = LLMEngine(tiny_model, EngineConfig(num_blocks=5, block_size=16))
     dst.add_request("hog", prompt_token_ids=list(range(1, 60)), params=SamplingParams(max_tokens=4, ignore_eos=True))
     dst.step()  # "hog" now holds 4 of the 5 blocks
@@ -133,13 +138,7 @@ def test_import_without_room_reprefills(tiny_model):
 def test_import_past_a_step_cap_waits_its_turn_and_reprefills(tiny_model):
     """After failed steps capped the engine (`step_failures.py`), an imported sequence
     does not join the running ones beyond the cap: it waits, and continues the same."""
-    params = SamplingParams(max_tokens=20, ignore_eos=True, return_margins=True)
-    p = list(range(1, 60))
-    ref = LLMEngine(tiny_model, EngineConfig()).generate([p], params, seq_ids=["z"])[0]
-    src = LLMEngine(tiny_model, EngineConfig())
-    src.add_request("z", prompt_token_ids=p, params=params)
-    run_until(src, 6)
-    state = src.export_sequence("z")
+    ref, state = exported_midway(tiny_model)
     dst = LLMEngine(tiny_model, EngineConfig())
     dst.step_cap = 1
     dst.add_request("first", prompt_token_ids=list(range(3, 40)), params=SamplingParams(max_tokens=4, ignore_eos=True))
